@@ -1,0 +1,1 @@
+"""Analysis: theory checks, tables, figures, statistics (reads run directories; calls drmas.algos)."""

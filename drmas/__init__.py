@@ -1,0 +1,2 @@
+"""drmas: reproduction and analysis suite for Dr. MAS (arXiv 2602.08847)."""
+__version__ = "0.1.0"

@@ -1,0 +1,22 @@
+"""Algorithm core (import-light: torch, numpy, pandas only).
+
+- :func:`compute_advantages` and the estimator registry (paper Eqs. 2 and 5, Table 3 ablations);
+- :func:`policy_loss` (PPO clip, Eq. 3) with loss aggregation, k3 KL and entropy;
+- gradient diagnostics: per-model and per-agent gradient norms, the spike statistic.
+"""
+from drmas.algos.advantages import (
+    ESTIMATORS,
+    AdvantageResult,
+    compute_advantages,
+    register_estimator,
+    registered_estimators,
+    segment_stats,
+)
+from drmas.algos.diagnostics import AgentGradNorms, SpikeDetector, SpikeRule, grad_norm, spike_ratios
+from drmas.algos.loss import PolicyLossConfig, aggregate_loss, entropy_from_logits, kl_k3, policy_loss
+
+__all__ = [
+    "ESTIMATORS", "AdvantageResult", "compute_advantages", "register_estimator", "registered_estimators",
+    "segment_stats", "AgentGradNorms", "SpikeDetector", "SpikeRule", "grad_norm", "spike_ratios",
+    "PolicyLossConfig", "aggregate_loss", "entropy_from_logits", "kl_k3", "policy_loss",
+]

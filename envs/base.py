@@ -1,0 +1,85 @@
+"""The one environment interface shared by the math and search tasks.
+
+An environment holds a *batch* of episodes (one per trajectory). The orchestra (drmas.orchestra)
+decides which agent acts; the environment only knows tasks, tools and rewards:
+
+    env = make_env("search", retriever=...)
+    obs = env.reset(tasks)                    # one initial observation per episode
+    out = env.step(actions, idx)              # act on the episodes `idx` (default: all)
+    out.observations[i], out.rewards[i], out.dones[i], out.valid[i], out.infos[i]
+
+Rules every environment keeps:
+- deterministic given its seed and inputs;
+- malformed action text never raises: it is an invalid action (``valid=False``), scored as such;
+- rewards are the outcome reward R in [0, 1]; the invalid-action penalty is applied by the trainer
+  (score = R - c * (1 - valid)), so that the step table keeps both.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Task:
+    """One problem. ``answers`` holds every accepted gold answer (math: usually one)."""
+
+    task_id: str
+    question: str
+    answers: tuple[str, ...]
+    source: str = ""
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass
+class StepOutput:
+    """Result of ``Env.step`` for the ``n`` episodes acted on (in the order of ``idx``)."""
+
+    observations: list[str]  # text returned to the episode's history ("" when none)
+    rewards: np.ndarray  # float32 [n], outcome reward (0 until the episode ends)
+    dones: np.ndarray  # bool [n]
+    valid: np.ndarray  # bool [n], the action text followed the required format
+    infos: list[dict[str, Any]]
+
+
+class Env(abc.ABC):
+    """Batched environment over ``len(tasks)`` episodes."""
+
+    name: str = "base"
+
+    @abc.abstractmethod
+    def reset(self, tasks: Sequence[Task]) -> list[str]:
+        """Start one episode per task; return the initial observations."""
+
+    @abc.abstractmethod
+    def step(self, actions: Sequence[str], idx: Sequence[int] | np.ndarray | None = None) -> StepOutput:
+        """Apply ``actions[j]`` to episode ``idx[j]``; never raises on malformed text."""
+
+
+_ENV_REGISTRY: dict[str, Callable[..., Env]] = {}
+
+
+def register_env(name: str) -> Callable[[Callable[..., Env]], Callable[..., Env]]:
+    """Class decorator: make an environment constructible by name (duplicates rejected)."""
+
+    def deco(cls: Callable[..., Env]) -> Callable[..., Env]:
+        if name in _ENV_REGISTRY:
+            raise ValueError(f"environment {name!r} is already registered ({_ENV_REGISTRY[name]!r})")
+        _ENV_REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def make_env(name: str, **kwargs: Any) -> Env:
+    """Build a registered environment; an unknown name lists the registered ones."""
+    if name not in _ENV_REGISTRY:
+        raise KeyError(f"unknown environment {name!r}; registered: {sorted(_ENV_REGISTRY)}")
+    return _ENV_REGISTRY[name](**kwargs)
+
+
+def registered_envs() -> list[str]:
+    return sorted(_ENV_REGISTRY)
