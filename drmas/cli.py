@@ -1,0 +1,107 @@
+"""Command line: ``drmas train|sft|eval|data``.
+
+    drmas train CONFIG.yaml [key.sub=value ...]     SFT warm-up of missing models, then RL
+    drmas sft CONFIG.yaml [overrides]               only the warm-up
+    drmas eval RUN_DIR [overrides]                  evaluation of a finished run's checkpoint
+    drmas data prepare {math,search} [options]      write the data files a run needs
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from drmas.config import ConfigError, load_config
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from drmas.trainer.trainer import Trainer
+    from drmas.trainer.warmup import warmup
+
+    cfg = load_config(args.config, args.overrides)
+    if cfg.train.threads:
+        import torch
+
+        torch.set_num_threads(cfg.train.threads)
+    sft = warmup(cfg, progress=not args.no_progress)
+    if sft:
+        print(json.dumps({"sft": sft}, default=float))
+    if args.sft_only:
+        return 0
+    trainer = Trainer(cfg)
+    try:
+        trainer.train(progress=not args.no_progress)
+    finally:
+        trainer.close()
+    print(f"run complete: {cfg.run_dir}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from drmas.trainer.trainer import Trainer
+
+    cfg = load_config(Path(args.run_dir) / "config.yaml", args.overrides)
+    trainer = Trainer(cfg)
+    try:
+        step = trainer._resume()
+        records = trainer.evaluate(step)
+    finally:
+        trainer.close()
+    print(json.dumps({k: {m: v[m] for m in ("avg", "pass", "k", "n_tasks")} for k, v in records.items()}, indent=2))
+    return 0
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    result = args.prepare_run(args)
+    print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="drmas", description=__doc__.splitlines()[0])
+    parser.add_argument("--log-level", default="info")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, helptext in (("train", "SFT warm-up (if needed) then RL"), ("sft", "only the SFT warm-up")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("config")
+        p.add_argument("overrides", nargs="*", help="key.sub=value")
+        p.add_argument("--no-progress", action="store_true")
+        p.set_defaults(func=cmd_train, sft_only=name == "sft")
+    p = sub.add_parser("eval", help="evaluate a run's latest checkpoint")
+    p.add_argument("run_dir")
+    p.add_argument("overrides", nargs="*")
+    p.set_defaults(func=cmd_eval)
+    p = sub.add_parser("data", help="data preparation")
+    data_sub = p.add_subparsers(dest="data_command", required=True)
+    prep = data_sub.add_parser("prepare", help="write the files a run needs")
+    kinds = prep.add_subparsers(dest="kind", required=True)
+    from envs.math import prepare as math_prepare
+    from envs.search import prepare as search_prepare
+
+    for kind, module in (("math", math_prepare), ("search", search_prepare)):
+        kp = kinds.add_parser(kind)
+        module.add_arguments(kp)
+        kp.set_defaults(func=cmd_data, prepare_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.log_level)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"drmas: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Orchestras: the workflow code that decides which agent acts, written to read like the paper's figure.
+
+An orchestra runs a batch of episodes (``Episodes``: one per trajectory) and calls agents through one
+function, ``call(slot, idx, views, turn)``, which generates for the episodes ``idx`` in one batch on the
+agent's worker group, parses the outputs, records one step-table row per call, and returns
+``(texts, parsed)``. The orchestra never sees models, tokens or rewards of individual steps; it ends
+each episode through the environment, which sets ``episodes.reward``.
+
+Each orchestra declares its agent ``slots`` (e.g. ``("solver", "verifier")``); a run config defines one
+agent per slot (``AgentConfig.name`` = slot) and chooses its role class and model.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Protocol, Sequence
+
+import numpy as np
+
+from drmas.agents.base import AgentView, Parsed
+from envs.base import Env, Task
+
+
+class CallFn(Protocol):
+    def __call__(self, slot: str, idx: np.ndarray, views: Sequence[AgentView], turn: int) -> tuple[list[str], list[Parsed]]:
+        ...
+
+
+@dataclass
+class Episodes:
+    """A batch of episodes: ``tasks[i]`` is episode i's task; the env holds their state."""
+
+    tasks: list[Task]
+    env: Env
+    reward: np.ndarray = field(init=False)
+    done: np.ndarray = field(init=False)
+    info: list[dict[str, Any]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        n = len(self.tasks)
+        self.reward = np.zeros(n, np.float64)
+        self.done = np.zeros(n, bool)
+        self.info = [{} for _ in range(n)]
+        self.env.reset(self.tasks)
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def act(self, idx: np.ndarray, actions: Sequence[str]) -> np.ndarray:
+        """Hand actions of episodes ``idx`` to the environment (a final answer, a search query); returns ``dones``."""
+        out = self.env.step(list(actions), idx)
+        self.reward[idx] = np.where(out.dones, out.rewards, self.reward[idx])
+        self.done[idx] |= out.dones
+        for j, i in enumerate(idx):
+            self.info[i].update(out.infos[j])
+        return out.dones
+
+
+class Orchestra(abc.ABC):
+    slots: ClassVar[tuple[str, ...]] = ()
+
+    @abc.abstractmethod
+    def run(self, episodes: Episodes, call: CallFn) -> None:
+        """Run all episodes to the end; set ``episodes.reward``."""
+
+
+ORCHESTRA_REGISTRY: dict[str, Callable[..., Orchestra]] = {}
+
+
+def register_orchestra(name: str) -> Callable[[type[Orchestra]], type[Orchestra]]:
+    """Class decorator: register an orchestra by name (duplicates are rejected)."""
+
+    def deco(cls: type[Orchestra]) -> type[Orchestra]:
+        if name in ORCHESTRA_REGISTRY:
+            raise ValueError(f"orchestra {name!r} is already registered by {ORCHESTRA_REGISTRY[name]!r}")
+        ORCHESTRA_REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def make_orchestra(name: str, **kwargs: Any) -> Orchestra:
+    if name not in ORCHESTRA_REGISTRY:
+        raise KeyError(f"unknown orchestra {name!r}; registered: {sorted(ORCHESTRA_REGISTRY)}")
+    try:
+        return ORCHESTRA_REGISTRY[name](**kwargs)
+    except TypeError as exc:
+        raise ValueError(f"bad arguments for orchestra {name!r}: {exc}") from None

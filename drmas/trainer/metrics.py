@@ -1,0 +1,170 @@
+"""Metrics of one RL step and of an evaluation, and the sinks that write them (JSONL + TensorBoard).
+
+Logged keys (every step; ``{k}`` = agent name, ``{m}`` = worker group / model key):
+
+==================================== ==========================================================================
+key                                  definition
+==================================== ==========================================================================
+reward/mean, reward/std              outcome reward R over trajectories
+score/mean                           score = R − c·(1 − valid) over steps
+agent/{k}/reward_mean, _std          μk, σk: mean/std (ddof=1) of agent k's step scores, averaged over task groups
+task/mu, task/sigma                  μ, σ: trajectory-level task statistics of Eq. 2, averaged over task groups
+agent/{k}/lemma_factor               (σk² + (μk − μ)²) / σ² per task group (population stats, groups with σ > 0),
+                                     averaged: the Lemma 4.2 inflation factor of a global baseline
+agent/{k}/adv_mean, _std, _m2        moments of agent k's advantages; _absmax: max |A|
+agent/{k}/steps                      |Yk| summed over the batch; /invalid_rate, /truncated_rate, /response_len
+agent/{k}/grad_norm                  pre-clip norm of agent k's contribution to its model's gradient (max over
+                                     mini-batches); /spike_ratio, /spike: the spike statistic (docs/algorithms.md)
+wg/{m}/grad_norm                     pre-clip gradient norm of model m (max over mini-batches); /spike
+wg/{m}/loss, clip_frac, entropy,     policy loss terms (mean over mini-batches); approx_kl_old = E[(r − 1) − log r]
+  approx_kl_old, lr, skipped         skipped: optimizer steps skipped for a non-finite gradient
+timing/rollout, rewards, advantages,  seconds per phase; timing/step = their sum; timing/generate/{m}: generation
+  update, step                       seconds per model
+tokens/{k}                           prompt + response tokens of agent k's calls (cost accounting)
+==================================== ==========================================================================
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from drmas.algos import SpikeDetector
+from drmas.step_table import StepTable
+
+
+def _agent_reward_stats(table: StepTable, traj_reward: np.ndarray, traj_task: np.ndarray) -> dict[str, float]:
+    """μk, σk, μ, σ and the Lemma 4.2 factor, computed per task group and averaged over groups."""
+    steps = pd.DataFrame({"task": table.task, "agent": table.agent, "score": table.score})
+    trajs = pd.DataFrame({"task": traj_task, "R": traj_reward})
+    task = trajs.groupby("task")["R"].agg(mu="mean", sigma="std", sigma_pop=lambda r: r.std(ddof=0))
+    agent = steps.groupby(["task", "agent"])["score"].agg(mu_k="mean", sigma_k="std", var_k=lambda s: s.var(ddof=0))
+    joined = agent.join(task, on="task")
+    pop_sigma2 = joined["sigma_pop"] ** 2
+    joined["factor"] = np.where(pop_sigma2 > 0, (joined["var_k"] + (joined["mu_k"] - joined["mu"]) ** 2) / pop_sigma2, np.nan)
+    out: dict[str, float] = {"task/mu": float(task["mu"].mean()), "task/sigma": float(task["sigma"].mean(skipna=True))}
+    for name, g in joined.groupby(level="agent"):
+        out[f"agent/{name}/reward_mean"] = float(g["mu_k"].mean())
+        out[f"agent/{name}/reward_std"] = float(g["sigma_k"].mean(skipna=True))
+        out[f"agent/{name}/lemma_factor"] = float(g["factor"].mean(skipna=True)) if g["factor"].notna().any() else float("nan")
+    return out
+
+
+def step_metrics(table: StepTable, rollout, adv_stats: pd.DataFrame, update: dict[str, dict[str, Any]],
+                 timings: dict[str, float], spikes: dict[str, SpikeDetector]) -> dict[str, Any]:
+    m: dict[str, Any] = {
+        "reward/mean": float(rollout.traj_reward.mean()), "reward/std": float(rollout.traj_reward.std()),
+        "score/mean": float(table.score.mean()) if len(table) else float("nan"),
+        "steps": len(table),
+    }
+    m.update(_agent_reward_stats(table, rollout.traj_reward, rollout.traj_task))
+    resp_len = table.response_len
+    for name in dict.fromkeys(table.agent):
+        rows = table.agent == name
+        a = table.advantage[rows]
+        m[f"agent/{name}/steps"] = int(rows.sum())
+        m[f"agent/{name}/adv_mean"] = float(a.mean())
+        m[f"agent/{name}/adv_std"] = float(a.std())
+        m[f"agent/{name}/adv_m2"] = float((a ** 2).mean())
+        m[f"agent/{name}/adv_absmax"] = float(np.abs(a).max())
+        m[f"agent/{name}/invalid_rate"] = float(1.0 - table.valid[rows].mean())
+        m[f"agent/{name}/truncated_rate"] = float(table.truncated[rows].mean())
+        m[f"agent/{name}/response_len"] = float(resp_len[rows].mean())
+        m[f"tokens/{name}"] = int(rollout.tokens_per_agent.get(name, 0))
+    for wg, metrics in update.items():
+        for key, value in metrics.items():
+            if key.startswith("agent_grad_norm/"):
+                m[f"agent/{key.split('/', 1)[1]}/grad_norm"] = value
+            else:
+                m[f"wg/{wg}/{key}"] = value
+    for name, det in spikes.items():
+        key = f"agent/{name}/grad_norm" if f"agent/{name}/grad_norm" in m else f"wg/{name}/grad_norm"
+        if key in m:
+            ratio, spike = det.update(float(m[key]))
+            prefix = key.rsplit("/", 1)[0]
+            m[f"{prefix}/spike_ratio"] = ratio
+            m[f"{prefix}/spike"] = int(spike)
+    for wg, secs in rollout.seconds_per_wg.items():
+        m[f"timing/generate/{wg}"] = secs
+    m.update({f"timing/{k}": v for k, v in timings.items()})
+    m["timing/step"] = sum(timings.values())
+    return m
+
+
+def evaluation_metrics(rollout, k: int) -> dict[str, Any]:
+    """avg@k (mean success over the k samples of each task, averaged over tasks) and pass@k (any
+    success among the k), with the per-task success counts for bootstrap CIs."""
+    success = (rollout.traj_reward > 0.5).reshape(-1, k)
+    per_task = success.sum(1)
+    return {"avg": float(success.mean()), "pass": float((per_task > 0).mean()), "k": k,
+            "n_tasks": int(success.shape[0]), "successes": per_task.tolist()}
+
+
+class MetricsSink:
+    """``metrics.jsonl`` (one line per step), ``eval.jsonl`` and TensorBoard events in the run dir."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.eval_path = self.run_dir / "eval.jsonl"
+        self._tb = None
+
+    def _writer(self):
+        if self._tb is None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(self.run_dir / "tb"))
+            except ImportError:  # tensorboard is optional
+                self._tb = False
+        return self._tb
+
+    def write_step(self, step: int, metrics: dict[str, Any]) -> None:
+        _append_line(self.metrics_path, {"step": step, **metrics})
+        tb = self._writer()
+        if tb:
+            for key, value in metrics.items():
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    tb.add_scalar(key, value, step)
+
+    def write_eval(self, record: dict[str, Any]) -> None:
+        _append_line(self.eval_path, record)
+        tb = self._writer()
+        if tb:
+            tb.add_scalar(f"eval/{record['benchmark']}/avg@{record['k']}", record["avg"], record["step"])
+            tb.add_scalar(f"eval/{record['benchmark']}/pass@{record['k']}", record["pass"], record["step"])
+
+    def truncate(self, after_step: int) -> None:
+        """Drop records of steps > ``after_step`` (a resumed run rewrites them), atomically."""
+        for path, key in ((self.metrics_path, "step"), (self.eval_path, "step")):
+            if not path.exists():
+                continue
+            keep = []
+            for line in path.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a torn last line from a killed run
+                limit = after_step if path is self.metrics_path else after_step + 1
+                if rec.get(key, -1) <= limit:
+                    keep.append(line)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text("".join(line + "\n" for line in keep))
+            os.replace(tmp, path)
+
+    def close(self) -> None:
+        if self._tb:
+            self._tb.close()
+
+
+def _append_line(path: Path, record: dict[str, Any]) -> None:
+    line = json.dumps(record, default=float, allow_nan=True)
+    with open(path, "a") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())

@@ -1,0 +1,178 @@
+"""Task sources: where a run's training tasks, evaluation sets, environment and SFT traces come from.
+
+A task source is selected by ``env.name`` in the run config and built with ``env.args``:
+
+- ``math_generated``: procedurally generated arithmetic/algebra problems (CPU default);
+- ``math_dataset``: prepared jsonl files (DAPO-Math train; AIME24/25, AMC23, MATH500, Minerva,
+  OlympiadBench test), see ``drmas data prepare math``;
+- ``search_generated``: a generated knowledge base served by the in-process retriever (CPU default);
+- ``search_dataset``: prepared QA files and a corpus (paper scale: NQ+HotpotQA train, seven test sets).
+
+Training batches are a pure function of (seed, step), so a resumed run sees the same tasks.
+"""
+from __future__ import annotations
+
+import abc
+import logging
+from functools import cached_property
+from typing import Any, Callable
+
+import numpy as np
+
+from envs.base import Env, Task, make_env
+
+logger = logging.getLogger(__name__)
+
+
+class TaskSource(abc.ABC):
+    #: record role -> agent slot, for SFT traces whose role name differs from the orchestra's slot
+    trace_slots: dict[str, str] = {}
+
+    @abc.abstractmethod
+    def train_tasks(self, step: int, n: int, seed: int) -> list[Task]:
+        """The ``n`` tasks of training step ``step`` (deterministic)."""
+
+    @abc.abstractmethod
+    def eval_sets(self, n: int) -> dict[str, list[Task]]:
+        """Evaluation sets by benchmark name (at most ``n`` tasks each)."""
+
+    @abc.abstractmethod
+    def make_env(self) -> Env:
+        """A fresh batched environment."""
+
+    def role_traces(self, n: int, seed: int) -> list[dict[str, Any]]:
+        """SFT warm-up records ``{role, task, context, target}`` (generated sources only)."""
+        raise NotImplementedError(f"{type(self).__name__} has no SFT traces; give models a checkpoint `path`")
+
+
+TASK_SOURCES: dict[str, Callable[..., TaskSource]] = {}
+
+
+def register_task_source(name: str):
+    def deco(cls):
+        if name in TASK_SOURCES:
+            raise ValueError(f"task source {name!r} is already registered")
+        TASK_SOURCES[name] = cls
+        return cls
+
+    return deco
+
+
+def make_task_source(name: str, **kwargs: Any) -> TaskSource:
+    if name not in TASK_SOURCES:
+        raise KeyError(f"unknown task source (env.name) {name!r}; registered: {sorted(TASK_SOURCES)}")
+    try:
+        return TASK_SOURCES[name](**kwargs)
+    except TypeError as exc:
+        raise ValueError(f"bad env.args for task source {name!r}: {exc}") from None
+
+
+def _step_seed(seed: int, step: int) -> int:
+    return int(np.random.SeedSequence([seed, step, 0x5EED]).generate_state(1)[0])
+
+
+# ---------------------------------------------------------------------------------------------- math
+@register_task_source("math_generated")
+class MathGenerated(TaskSource):
+    """Generated problems of a given difficulty; evaluation on a fixed held-out seed."""
+
+    def __init__(self, difficulty: int = 1, operand_digits: int = 2, kinds: tuple[str, ...] = ("word", "expr", "linear"),
+                 eval_seed: int = 10_007, grader_timeout_s: float = 5.0, error_rate: float = 0.2):
+        self.difficulty, self.operand_digits, self.kinds = difficulty, operand_digits, tuple(kinds)
+        self.eval_seed, self.grader_timeout_s, self.error_rate = eval_seed, grader_timeout_s, error_rate
+
+    def _generate(self, n: int, seed: int) -> list[Task]:
+        from envs.math.generated import generate_tasks
+
+        return generate_tasks(n, difficulty=self.difficulty, seed=seed, kinds=self.kinds,
+                              operand_digits=self.operand_digits)
+
+    def train_tasks(self, step: int, n: int, seed: int) -> list[Task]:
+        return self._generate(n, _step_seed(seed, step))
+
+    def eval_sets(self, n: int) -> dict[str, list[Task]]:
+        return {f"generated_d{self.difficulty}": self._generate(n, self.eval_seed)}
+
+    @cached_property
+    def grader(self):
+        from envs.math.grader import MathGrader
+
+        return MathGrader(timeout_s=self.grader_timeout_s)
+
+    def make_env(self) -> Env:
+        import envs.math  # noqa: F401  (registers the env)
+
+        return make_env("math", grader=self.grader)
+
+    def role_traces(self, n: int, seed: int) -> list[dict[str, Any]]:
+        from envs.math.generated import single_agent_traces, solver_traces, verifier_traces
+
+        tasks = self._generate(n, seed)
+        records = [*solver_traces(tasks, seed=seed + 1, error_rate=self.error_rate),
+                   *verifier_traces(tasks, seed=seed + 2), *single_agent_traces(tasks, seed=seed + 3)]
+        return [dict(r) for r in records]
+
+
+@register_task_source("math_dataset")
+class MathDataset(MathGenerated):
+    """Prepared jsonl files (``drmas data prepare math``): ``train`` file and ``test`` files by name."""
+
+    def __init__(self, train: str, test: dict[str, str], grader_timeout_s: float = 5.0):
+        super().__init__(grader_timeout_s=grader_timeout_s)
+        from envs.math.data import read_tasks_jsonl
+
+        self.train = read_tasks_jsonl(train)
+        self.test = {name: read_tasks_jsonl(path) for name, path in test.items()}
+
+    def train_tasks(self, step: int, n: int, seed: int) -> list[Task]:
+        rng = np.random.default_rng(_step_seed(seed, step))
+        return [self.train[i] for i in rng.choice(len(self.train), size=n, replace=len(self.train) < n)]
+
+    def eval_sets(self, n: int) -> dict[str, list[Task]]:
+        return {name: tasks[:n] if n else tasks for name, tasks in self.test.items()}
+
+    def role_traces(self, n: int, seed: int) -> list[dict[str, Any]]:
+        return TaskSource.role_traces(self, n, seed)
+
+
+# -------------------------------------------------------------------------------------------- search
+@register_task_source("search_generated")
+class SearchGenerated(TaskSource):
+    """A generated knowledge base served by an in-process BM25 retriever; single- and 2-hop questions."""
+
+    trace_slots = {"single_agent": "agent"}
+
+    def __init__(self, kb: dict[str, Any] | None = None, hops: tuple[int, ...] = (1, 2), n_eval: int = 200,
+                 backend: str = "bm25", topk: int = 3, max_turns: int = 4, seed: int = 0):
+        from envs.search.generated import KBConfig, generate_kb
+
+        self.kb = generate_kb(KBConfig(**(kb or {})))
+        self.hops, self.topk, self.max_turns, self.backend, self.n_eval = tuple(hops), topk, max_turns, backend, n_eval
+        self.seed = seed
+
+    @cached_property
+    def retriever(self):
+        from envs.search.retriever import build_retriever
+
+        return build_retriever(self.kb.corpus(), backend=self.backend)
+
+    def _tasks(self, n: int, seed: int) -> list[Task]:
+        from envs.search.generated import generate_tasks
+
+        return generate_tasks(self.kb, n, hops=self.hops, seed=seed)
+
+    def train_tasks(self, step: int, n: int, seed: int) -> list[Task]:
+        return self._tasks(n, _step_seed(seed, step))
+
+    def eval_sets(self, n: int) -> dict[str, list[Task]]:
+        return {"generated_kb": self._tasks(n, 10_007)}
+
+    def make_env(self) -> Env:
+        import envs.search  # noqa: F401  (registers the env)
+
+        return make_env("search", retriever=self.retriever, max_turns=self.max_turns, topk=self.topk)
+
+    def role_traces(self, n: int, seed: int) -> list[dict[str, Any]]:
+        from envs.search.generated import build_traces
+
+        return build_traces(self._tasks(n, seed), self.retriever, topk=self.topk)

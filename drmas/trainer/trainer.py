@@ -1,0 +1,239 @@
+"""The multi-agent RL trainer. One training step, as data (DESIGN.md):
+
+    tasks ─► rollout (orchestra, batched agent calls) ─► step table ─► rewards (team reward − penalty)
+          ─► advantages (drmas.algos.compute_advantages) ─► per-worker-group clipped policy update
+
+``Trainer.train_step`` is exactly that pipeline, one call per phase, each timed (``timing/*``).
+Everything else (metrics, evaluation, checkpoints) lives around it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from drmas.agents import make_agent
+from drmas.algos import SpikeDetector, compute_advantages
+from drmas.config import RunConfig, dump_config
+from drmas.orchestra import make_orchestra
+from drmas.rollout.base import SamplingParams
+from drmas.trainer.backends import make_backend
+from drmas.trainer.metrics import MetricsSink, evaluation_metrics, step_metrics
+from drmas.trainer.rollout import AgentSlot, RolloutResult, run_rollout
+from drmas.trainer.tasks import make_task_source
+from drmas.workers.policy import UpdateBatch, WorkerSpec
+
+logger = logging.getLogger(__name__)
+
+
+class NonFiniteStop(RuntimeError):
+    """Raised after too many consecutive steps with a non-finite gradient (a checkpoint is written)."""
+
+
+def _sampling(cfg) -> SamplingParams:
+    return SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens)
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self.run_dir = cfg.run_dir
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.source = make_task_source(cfg.env.name, **cfg.env.args)
+        self.orchestra = make_orchestra(cfg.env.orchestra, **cfg.env.orchestra_args)
+        agent_names = {a.name for a in cfg.agents}
+        if agent_names != set(self.orchestra.slots):
+            raise ValueError(f"orchestra {cfg.env.orchestra!r} needs agents named {list(self.orchestra.slots)}, "
+                             f"the config defines {sorted(agent_names)}; rename or add agents")
+        self.slots = {a.name: AgentSlot(make_agent(a.role, a.name), a.model, _sampling(a.sampling)) for a in cfg.agents}
+        ev = cfg.train.eval_sampling
+        self.eval_slots = {k: replace(s, sampling=replace(s.sampling, temperature=ev.temperature, top_p=ev.top_p,
+                                                          top_k=ev.top_k)) for k, s in self.slots.items()}
+        specs = {key: WorkerSpec(key, m, cfg.effective_optim(key), cfg.algo, seed=cfg.train.seed + i,
+                                 threads=cfg.train.threads)
+                 for i, (key, m) in enumerate(cfg.models.items())}
+        self.backend = make_backend(cfg.train.backend, specs)
+        self.sink = MetricsSink(self.run_dir)
+        self.spikes = {name: SpikeDetector() for name in [*cfg.models, *agent_names]}
+        self.consecutive_nonfinite = 0
+        self.step = 0
+
+    # -------------------------------------------------------------------------------- one RL step
+    def train_step(self, step: int) -> dict[str, Any]:
+        cfg = self.cfg
+        timings: dict[str, float] = {}
+        with _timed(timings, "rollout"):
+            tasks = self.source.train_tasks(step, cfg.train.batch_tasks, seed=cfg.train.seed)
+            rollout = run_rollout(tasks, cfg.train.group_size, self.orchestra, self.source.make_env, self.slots,
+                                  self.backend.generators(), seed=cfg.train.seed * 1_000_003 + step)
+            table = rollout.table
+        with _timed(timings, "rewards"):
+            table.assign_rewards(rollout.traj_reward, cfg.algo.invalid_penalty)
+        with _timed(timings, "advantages"):
+            a = cfg.algo
+            adv = compute_advantages(table.score, table.task, table.agent, table.traj, estimator=a.estimator,
+                                     ddof=a.ddof, eps=a.eps, singleton=a.singleton, scale_by_std=a.scale_by_std)
+            table.advantage = adv.advantages.double().numpy()
+        with _timed(timings, "update"):
+            update = self.backend.update({wg: self._update_batch(table, wg) for wg in cfg.models},
+                                         step_seed=cfg.train.seed * 7919 + step)
+        return step_metrics(table, rollout, adv.stats, update, timings, self.spikes)
+
+    def _update_batch(self, table, wg: str) -> UpdateBatch:
+        rows = np.flatnonzero(table.wg == wg)
+        temps = np.array([self.slots[a].sampling.temperature for a in table.agent[rows]], np.float64)
+        return UpdateBatch([table.prompt_ids[i] for i in rows], [table.response_ids[i] for i in rows],
+                           table.advantage[rows].astype(np.float32), table.agent[rows], temps)
+
+    # ------------------------------------------------------------------------------- evaluation
+    def evaluate(self, step: int) -> dict[str, Any]:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        records = {}
+        for name, tasks in self.source.eval_sets(cfg.train.eval_tasks).items():
+            rollout = run_rollout(tasks, cfg.train.eval_samples, self.orchestra, self.source.make_env,
+                                  self.eval_slots, self.backend.generators(), seed=10_000_019 + step)
+            records[name] = evaluation_metrics(rollout, cfg.train.eval_samples)
+        for name, rec in records.items():
+            self.sink.write_eval({"step": step, "benchmark": name, **rec})
+        logger.info("eval step %d: %s (%.1fs)", step,
+                    ", ".join(f"{k} avg@{cfg.train.eval_samples}={v['avg']:.3f} pass={v['pass']:.3f}" for k, v in records.items()),
+                    time.perf_counter() - t0)
+        return records
+
+    # ------------------------------------------------------------------------------ the run
+    def train(self, progress: bool = True) -> dict[str, Any]:
+        cfg = self.cfg
+        self._write_manifest()
+        start = self._resume()
+        if start == 0:
+            self.evaluate(0)
+        bar = _progress(range(start, cfg.train.steps), progress, initial=start, total=cfg.train.steps)
+        last: dict[str, Any] = {}
+        for step in bar:
+            self.step = step
+            metrics = self.train_step(step)
+            self.sink.write_step(step, metrics)
+            last = metrics
+            self._check_nonfinite(metrics, step)
+            if hasattr(bar, "set_postfix"):
+                bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", t=f"{metrics['timing/step']:.2f}s")
+            done = step + 1
+            if cfg.train.eval_every and done % cfg.train.eval_every == 0 and done < cfg.train.steps:
+                self.evaluate(done)
+            if cfg.train.save_every and done % cfg.train.save_every == 0 and done < cfg.train.steps:
+                self._checkpoint(done)
+        if start < cfg.train.steps or not (self.run_dir / "eval.jsonl").exists():
+            self.evaluate(cfg.train.steps)
+            self._checkpoint(cfg.train.steps)
+        (self.run_dir / "DONE").write_text(json.dumps({"steps": cfg.train.steps, "time": time.time()}))
+        self.sink.close()
+        return last
+
+    def _check_nonfinite(self, metrics: dict[str, Any], step: int) -> None:
+        skipped = any(v > 0 for k, v in metrics.items() if k.endswith("/skipped"))
+        self.consecutive_nonfinite = self.consecutive_nonfinite + 1 if skipped else 0
+        if self.consecutive_nonfinite >= self.cfg.train.max_nonfinite_skips:
+            self._checkpoint(step + 1)
+            raise NonFiniteStop(f"{self.consecutive_nonfinite} consecutive steps with a non-finite gradient "
+                                f"norm (last at step {step}); stopped with a checkpoint in {self.run_dir}. "
+                                "Lower the learning rate or check the rewards.")
+
+    # ------------------------------------------------------------------------------ checkpoints
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.run_dir / "checkpoints" / "latest"
+
+    def _checkpoint(self, step: int) -> None:
+        tmp = self.ckpt_dir.with_name("latest.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for key, state in self.backend.get_states().items():
+            torch.save(state, tmp / f"worker_{key}.pt")
+        trainer_state = {"step": step, "consecutive_nonfinite": self.consecutive_nonfinite,
+                         "spikes": {k: (list(d.history), d.count) for k, d in self.spikes.items()}}
+        (tmp / "trainer.json").write_text(json.dumps(trainer_state))
+        old = self.ckpt_dir.with_name("latest.old")
+        shutil.rmtree(old, ignore_errors=True)
+        if self.ckpt_dir.exists():
+            self.ckpt_dir.rename(old)
+        tmp.rename(self.ckpt_dir)
+        shutil.rmtree(old, ignore_errors=True)
+        logger.info("checkpoint at step %d -> %s", step, self.ckpt_dir)
+
+    def _resume(self) -> int:
+        if not (self.ckpt_dir / "trainer.json").exists():
+            self.sink.truncate(after_step=-1)
+            return 0
+        state = json.loads((self.ckpt_dir / "trainer.json").read_text())
+        self.backend.set_states({key: torch.load(self.ckpt_dir / f"worker_{key}.pt", weights_only=False)
+                                 for key in self.cfg.models})
+        self.consecutive_nonfinite = state["consecutive_nonfinite"]
+        for k, (hist, count) in state["spikes"].items():
+            self.spikes[k].history.extend(hist)
+            self.spikes[k].count = count
+        step = int(state["step"])
+        self.sink.truncate(after_step=step - 1)
+        logger.info("resumed from %s at step %d", self.ckpt_dir, step)
+        return step
+
+    def _write_manifest(self) -> None:
+        import platform
+
+        import transformers
+
+        manifest = {
+            "name": self.cfg.name, "config": json.loads(self.cfg.model_dump_json()),
+            "effective_agents": self.cfg.effective_agents(),
+            "effective_optim": {k: self.cfg.effective_optim(k).model_dump() for k in self.cfg.models},
+            "seeds": {"train": self.cfg.train.seed},
+            "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                         "transformers": transformers.__version__, "numpy": np.__version__},
+            "git_commit": _git_commit(), "argv": sys.argv,
+        }
+        _atomic_write(self.run_dir / "manifest.json", json.dumps(manifest, indent=2, default=str))
+        _atomic_write(self.run_dir / "config.yaml", dump_config(self.cfg))
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+@contextmanager
+def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
+    t0 = time.perf_counter()
+    yield
+    timings[name] = time.perf_counter() - t0
+
+
+def _progress(it, enabled: bool, **kw):
+    if not enabled:
+        return it
+    from tqdm.auto import tqdm
+
+    return tqdm(it, desc="rl", dynamic_ncols=True, disable=not sys.stderr.isatty() and not os.environ.get("DRMAS_PROGRESS"), **kw)
+
+
+def _git_commit() -> str | None:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                              cwd=Path(__file__).resolve().parents[2]).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -1,0 +1,202 @@
+"""A worker group: one policy model, its optimizer and its rollout engine (one job: generate + update).
+
+Each worker group is updated only on the samples of the agents mapped to it, with its own optimizer
+config (paper §4). The same class runs in-process (``local`` backend) and as a Ray actor (``ray``
+backend, drmas/workers/ray_backend.py).
+
+Update (paper Eq. 3), per RL step:
+1. rows are shuffled (seeded) into ``mini_batches`` optimizer steps;
+2. within a mini-batch, rows are ordered by agent and cut into micro-batches of ``micro_batch_size``;
+   each micro-batch's loss is weighted by its share of the mini-batch (tokens for ``token_mean``,
+   sequences otherwise), so gradient accumulation equals one big batch;
+3. after each agent's micro-batches, ``AgentGradNorms.mark(agent)`` records that agent's contribution
+   to the gradient (per-agent norms also under LLM sharing);
+4. the pre-clip norm is checked: a non-finite gradient skips the optimizer step (counted);
+   otherwise clip to ``max_grad_norm`` and step.
+On-policy with one mini-batch, the old log-probs equal the current ones (ratio 1): they are taken from
+the same forward pass (detached) instead of a second pass.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from drmas.algos import AgentGradNorms, PolicyLossConfig, policy_loss
+from drmas.config import AlgoConfig, ModelConfig, OptimConfig
+from drmas.models.logprobs import batch_logprobs, make_batch
+from drmas.rollout.base import Generation, SamplingParams, make_engine
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class UpdateBatch:
+    """The rows of one worker group for one RL step (from the step table)."""
+
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    advantages: np.ndarray  # float [n]
+    agents: np.ndarray  # str [n]
+    temperature: np.ndarray  # float [n]: the sampling temperature each row was generated with
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker needs to build itself (picklable, so a Ray actor can build it remotely)."""
+
+    key: str
+    model: ModelConfig
+    optim: OptimConfig
+    algo: AlgoConfig
+    seed: int
+    threads: int = 0
+
+
+def _lr_lambda(warmup_steps: int):
+    return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+
+
+class PolicyWorker:
+    def __init__(self, spec: WorkerSpec):
+        from drmas.models.factory import load_policy
+
+        if spec.threads:
+            torch.set_num_threads(spec.threads)
+        self.spec = spec
+        torch.manual_seed(spec.seed)
+        if spec.model.path is None or not Path(spec.model.path).exists():
+            raise ValueError(f"model {spec.key!r}: path {spec.model.path!r} is not a checkpoint folder; run the "
+                             "SFT warm-up first (`drmas sft`, or `drmas train` does it for a missing path)")
+        self.model, self.tokenizer = load_policy(spec.model.path)
+        self.model.train()
+        o = spec.optim
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(o.warmup_steps))
+        self.engine = make_engine("hf", model=self.model, tokenizer=self.tokenizer)
+        self.loss_cfg = PolicyLossConfig(clip_low=spec.algo.clip_low, clip_high=spec.algo.clip_high,
+                                         aggregation=spec.algo.aggregation, kl_coef=spec.algo.kl_coef,
+                                         entropy_coef=spec.algo.entropy_coef)
+        self.nonfinite_skips = 0
+        self.ref_model = None
+        if spec.algo.kl_coef > 0:
+            self.ref_model, _ = load_policy(spec.model.path)
+            self.ref_model.eval().requires_grad_(False)
+
+    # ------------------------------------------------------------------------------------ rollout
+    def generate(self, prompts: list[str], sampling: SamplingParams, seed: int | None = None) -> Generation:
+        """Responses for the step table: token ids keep the EOS where the model stopped by itself, so
+        that the policy gradient also reaches the decision to stop."""
+        gen = self.engine.generate(prompts, sampling, seed=seed)
+        return replace(gen, response_ids=gen.response_ids_with_eos(int(self.tokenizer.eos_token_id)))
+
+    @property
+    def pad_id(self) -> int:
+        return int(self.tokenizer.pad_token_id)
+
+    # ------------------------------------------------------------------------------------- update
+    def _forward(self, rows: np.ndarray, batch: UpdateBatch, model: torch.nn.Module, with_entropy: bool):
+        packed = make_batch([batch.prompt_ids[i] for i in rows], [batch.response_ids[i] for i in rows], self.pad_id)
+        temperature = float(batch.temperature[rows[0]])  # rows of one agent share a temperature
+        logp, entropy = batch_logprobs(model, packed, temperature=temperature if temperature > 0 else 1.0,
+                                       with_entropy=with_entropy)
+        return packed, logp, entropy
+
+    def update(self, batch: UpdateBatch, step_seed: int) -> dict[str, Any]:
+        """One RL step of this worker group; returns metrics (per model and per agent)."""
+        n = len(batch.response_ids)
+        o = self.spec.optim
+        metrics: dict[str, Any] = {"samples": n}
+        if n == 0:
+            return metrics
+        rng = np.random.default_rng(step_seed)
+        order = rng.permutation(n)
+        minis = np.array_split(order, min(o.mini_batches, n))
+        old_logp = self._old_logprobs(batch) if len(minis) > 1 else None
+        agg = self.spec.algo.aggregation
+        per_step: list[dict[str, float]] = []
+        for mini in minis:
+            mini = mini[np.argsort(batch.agents[mini], kind="stable")]  # agent-contiguous
+            total = (sum(len(batch.response_ids[i]) for i in mini) if agg == "token_mean" else len(mini))
+            self.optimizer.zero_grad(set_to_none=True)
+            tracker = AgentGradNorms(self.model.parameters())
+            sums: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "entropy": 0.0, "approx_kl_old": 0.0}
+            for agent in dict.fromkeys(batch.agents[mini]):
+                agent_rows = mini[batch.agents[mini] == agent]
+                for start in range(0, len(agent_rows), o.micro_batch_size):
+                    rows = agent_rows[start:start + o.micro_batch_size]
+                    packed, logp, entropy = self._forward(rows, batch, self.model, with_entropy=True)
+                    old = logp.detach() if old_logp is None else _pad_stack([old_logp[i] for i in rows], logp.shape)
+                    ref = None
+                    if self.ref_model is not None:
+                        with torch.no_grad():
+                            _, ref, _ = self._forward(rows, batch, self.ref_model, with_entropy=False)
+                    adv = torch.as_tensor(batch.advantages[rows], dtype=logp.dtype)
+                    loss, m = policy_loss(logp, old, adv, packed.response_mask, self.loss_cfg, ref_logprobs=ref,
+                                          entropy=entropy)
+                    share = (float(packed.response_mask.sum()) if agg == "token_mean" else len(rows)) / max(total, 1)
+                    (loss * share).backward()
+                    sums["loss"] += float(loss) * share
+                    for k in ("clip_frac", "entropy", "approx_kl_old"):
+                        sums[k] += m.get(k, 0.0) * share
+                tracker.mark(str(agent))
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), o.max_grad_norm))
+            finite = math.isfinite(grad_norm)
+            if finite:
+                self.optimizer.step()
+            else:
+                self.optimizer.zero_grad(set_to_none=True)
+                self.nonfinite_skips += 1
+                logger.warning("worker %s: non-finite gradient norm (%s); optimizer step skipped", self.spec.key, grad_norm)
+            per_step.append({**sums, "grad_norm": grad_norm, "skipped": float(not finite),
+                             **{f"agent_grad_norm/{a}": v for a, v in tracker.norms.items()}})
+        self.scheduler.step()
+        keys = {k for d in per_step for k in d}
+        for k in sorted(keys):
+            values = [d[k] for d in per_step if k in d]
+            metrics[k] = float(np.mean(values)) if not k.endswith("grad_norm") and "grad_norm/" not in k else float(max(values))
+        metrics["lr"] = float(self.scheduler.get_last_lr()[0])
+        return metrics
+
+    def _old_logprobs(self, batch: UpdateBatch) -> list[torch.Tensor]:
+        """Log-probs of every row under the policy before this step's first optimizer step."""
+        out: list[torch.Tensor] = [torch.empty(0)] * len(batch.response_ids)
+        mbs = self.spec.optim.micro_batch_size
+        with torch.no_grad():
+            for agent in dict.fromkeys(batch.agents):
+                rows = np.flatnonzero(batch.agents == agent)
+                for start in range(0, len(rows), mbs):
+                    chunk = rows[start:start + mbs]
+                    packed, logp, _ = self._forward(chunk, batch, self.model, with_entropy=False)
+                    for j, i in enumerate(chunk):
+                        out[i] = logp[j, : int(packed.response_lengths[j])]
+        return out
+
+    # --------------------------------------------------------------------------------- checkpoints
+    def get_state(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "nonfinite_skips": self.nonfinite_skips}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.nonfinite_skips = int(state["nonfinite_skips"])
+        self.engine.load_weights(None)
+
+    def save_model(self, folder: str) -> str:
+        from drmas.models.factory import save_policy
+
+        return str(save_policy(self.model, self.tokenizer, folder))
+
+
+def _pad_stack(rows: list[torch.Tensor], shape: torch.Size) -> torch.Tensor:
+    out = torch.zeros(shape)
+    for j, r in enumerate(rows):
+        out[j, : r.numel()] = r
+    return out

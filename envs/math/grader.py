@@ -1,0 +1,551 @@
+"""Math answer grading: extract the last ``\\boxed{}`` answer and compare it to the gold answer(s).
+
+Two stages, cheapest first:
+
+1. **Fast path** (in process, pure string work): both answers are normalized (``normalize_answer``:
+   spaces, ``\\left``/``\\right``, ``\\!``, ``\\dfrac``, ``$``, degrees, percent, ``\\text{}`` units, trailing
+   ``.`` ...). Equal normal forms are correct; two plain rational numbers are compared exactly (``033`` = ``33``,
+   ``0.5`` = ``\\frac12``), and two different integers are wrong.
+2. **math-verify** for everything the fast path leaves open (intervals, sets, expressions ...). Every call runs
+   in a persistent worker *subprocess* (``_verify_worker.py``) and is bounded by ``timeout_s``: on timeout the
+   worker is killed and started again. math-verify's own ``signal.alarm`` timeouts are disabled (they raise
+   outside the main thread and cannot interrupt C-level big-integer arithmetic such as ``10^{10^{10}}``), so
+   grading works from any thread, inside Ray actors, and a pathological answer never hangs the caller.
+
+A timeout or a parse/comparison error scores 0 and is counted in ``MathGrader.stats``. No input text makes
+grading raise.
+
+    grader = MathGrader(timeout_s=5.0)
+    scores = grader.grade_batch(["... so \\boxed{\\frac12}"], [("0.5",)])   # array([1.], dtype=float32)
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import queue
+import re
+import selectors
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Sequence, Union
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+GoldAnswers = Union[str, Sequence[str]]
+"""One gold answer, or every accepted gold answer of a task."""
+
+_WORKER_SCRIPT = Path(__file__).with_name("_verify_worker.py")
+
+# ----------------------------------------------------------------------------------------------------------
+# Extraction
+# ----------------------------------------------------------------------------------------------------------
+
+_BOX_COMMAND = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+_BRACE_TOKEN = re.compile(r"\\.|[{}]", re.DOTALL)  # an escaped char (\{ \} \\ ...) or a brace
+MAX_BOX_CHARS = 10_000  # a longer box is treated as unclosed (keeps extraction linear and cheap)
+
+
+def extract_boxed(text: str, max_chars: int = MAX_BOX_CHARS) -> str | None:
+    """Content of the last ``\\boxed{...}`` / ``\\fbox{...}`` in ``text`` (outer whitespace stripped).
+
+    Braces are matched with nesting (escaped ``\\{`` ``\\}`` do not count). ``\\boxed 5`` (no braces) gives the
+    text up to the next whitespace or ``$``. Returns None when there is no box, or when the last one is
+    unclosed or longer than ``max_chars``. Never raises (non-strings give None).
+    """
+    if not isinstance(text, str):
+        return None
+    last = None
+    for last in _BOX_COMMAND.finditer(text):
+        pass
+    if last is None:
+        return None
+    start = last.end()
+    after = text[start:start + max_chars + 2]
+    stripped = after.lstrip()
+    if stripped.startswith("{"):
+        open_at = start + len(after) - len(stripped)
+        depth = 0
+        for token in _BRACE_TOKEN.finditer(text, open_at, open_at + max_chars + 2):
+            if token.group() == "{":
+                depth += 1
+            elif token.group() == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[open_at + 1:token.start()].strip()
+        return None
+    token = re.match(r"[^\s$]+", stripped)  # "\boxed 5": up to the next space or "$"
+    return None if token is None else token.group()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Fast path: string normalization and exact rational comparison
+# ----------------------------------------------------------------------------------------------------------
+
+_TEXT_COMMANDS = r"\\(?:text|textrm|textbf|textit|mbox|mathrm|mathbf|mathit|operatorname)"
+# a unit after a number: "5\text{ cm}", "15\mbox{ cm}^2"; not "3+4\mathrm{i}" or "2\mathrm{e}"
+_TRAILING_UNIT = re.compile(r"(?<=[0-9})])\s*" + _TEXT_COMMANDS
+                            + r"\{(?![ ~]*[eij][ ~]*\})[A-Za-z~ .]*[A-Za-z][A-Za-z~ .]*\}(?:\^\{?[0-9]\}?)?$")
+_UNWRAP_TEXT = re.compile(_TEXT_COMMANDS + r"\{([^{}]*)\}")
+_SPACING = re.compile(r"\\[!,;: ]|\\q?quad(?![A-Za-z])|~")
+_LEFT_RIGHT = re.compile(r"\\(?:left|right|big|Big|bigg|Bigg)(?![A-Za-z])")
+_DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree(?![A-Za-z])")
+_THOUSANDS = re.compile(r"-?[0-9]{1,3}(?:,[0-9]{3})+(?:\.[0-9]+)?")
+_ASSIGNMENT = re.compile(r"[A-Za-z](?:_\{?[A-Za-z0-9]+\}?)?=([^=]+)")
+_CHOICE = re.compile(r"\(([A-Ea-e])\)")
+_INTEGER = re.compile(r"[-+]?[0-9]+")
+_DECIMAL = re.compile(r"[-+]?[0-9]*\.[0-9]+")
+_SCIENTIFIC = re.compile(r"([-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+))(?:[eE]([-+]?[0-9]{1,3})|"
+                         r"\\(?:times|cdot)10\^(?:\{([-+]?[0-9]{1,3})\}|([0-9])))")
+_FRACTION = re.compile(r"([-+]?)(?:\\frac\{([-+]?[0-9]+)\}\{([-+]?[0-9]+)\}|([-+]?[0-9]+)/([-+]?[0-9]+))")
+MAX_NUMBER_DIGITS = 1000  # longer digit strings are left to math-verify's length cap (never parsed here)
+
+
+def normalize_answer(answer: str) -> str:
+    """Canonical string form of a final answer, for the exact-match fast path.
+
+    Removes what never changes the value: whitespace, ``$``, ``\\left``/``\\right``, spacing commands
+    (``\\!`` ``\\,`` ``~`` ``\\quad``), ``^\\circ``, ``\\%``, a trailing unit in ``\\text{}``/``\\mathrm{}``,
+    thousands separators, trailing periods, a leading ``x=``; rewrites ``\\dfrac``/``\\tfrac`` to ``\\frac``,
+    ``\\frac12`` to ``\\frac{1}{2}``, ``\\sqrt2`` to ``\\sqrt{2}``, ``.5`` to ``0.5``, ``(C)`` to ``C``; unwraps
+    the remaining ``\\text{...}``. Two answers with the same normal form are equal; different normal forms
+    decide nothing.
+    """
+    s = answer.strip().replace("\u2212", "-")
+    s = s.replace("\\$", "").replace("$", "")
+    s = _LEFT_RIGHT.sub("", s)
+    s = _SPACING.sub(" ", s)
+    s = re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", s)
+    s = re.sub(r"\\[dt]binom(?![A-Za-z])", r"\\binom", s)
+    s = _DEGREES.sub("", s)
+    s = s.replace("\\%", "").replace("%", "")
+    s = s.strip()
+    s = _TRAILING_UNIT.sub("", s)
+    s = _UNWRAP_TEXT.sub(r"\1", s)
+    s = re.sub(r"\s+", "", s)
+    s = s.replace("{,}", "")
+    s = re.sub(r"\\frac([0-9])([0-9])", r"\\frac{\1}{\2}", s)
+    s = re.sub(r"\\frac([0-9])\{", r"\\frac{\1}{", s)
+    s = re.sub(r"\\frac\{([^{}]*)\}([0-9])", r"\\frac{\1}{\2}", s)
+    s = re.sub(r"\\sqrt([0-9])", r"\\sqrt{\1}", s)
+    if _THOUSANDS.fullmatch(s):
+        s = s.replace(",", "")
+    s = re.sub(r"(?<![0-9])\.([0-9])", r"0.\1", s)
+    s = s.rstrip(".")
+    assignment = _ASSIGNMENT.fullmatch(s)
+    if assignment is not None:
+        s = assignment.group(1)
+    choice = _CHOICE.fullmatch(s)
+    if choice is not None:
+        s = choice.group(1).upper()
+    return s
+
+
+def parse_rational(normalized: str) -> tuple[Fraction, bool] | None:
+    """``(value, is_integer_literal)`` when a normalized answer is a plain number (``-12``, ``0.25``,
+    ``\\frac{3}{4}``, ``3/4``, ``3.8e5``, ``3.8\\times10^{5}``), else None."""
+    if len(normalized) > MAX_NUMBER_DIGITS:
+        return None
+    try:
+        if _INTEGER.fullmatch(normalized):
+            return Fraction(int(normalized)), True
+        if _DECIMAL.fullmatch(normalized):
+            return Fraction(normalized), False
+        scientific = _SCIENTIFIC.fullmatch(normalized)  # 3.83e35, 3.83\times10^{35}
+        if scientific is not None:
+            mantissa, exponent = scientific.group(1), next(e for e in scientific.groups()[1:] if e is not None)
+            return Fraction(mantissa) * Fraction(10) ** int(exponent), False
+        fraction = _FRACTION.fullmatch(normalized)
+        if fraction is not None:
+            sign = fraction.group(1)
+            num, den = fraction.group(2) or fraction.group(4), fraction.group(3) or fraction.group(5)
+            if int(den) == 0:
+                return None
+            value = Fraction(int(num), int(den))
+            return (-value if sign == "-" else value), False
+    except (ValueError, ZeroDivisionError):
+        return None
+    return None
+
+
+def fast_match(pred: str, gold: str) -> bool | None:
+    """Decide ``pred == gold`` without math-verify: True / False when certain, None when undecided.
+
+    True: equal normal forms, or equal plain rational numbers. False: an empty answer, or two different
+    integers. Everything else (e.g. ``0.333`` vs ``\\frac13``, whose tolerance math-verify decides) is None.
+    """
+    pred_norm, gold_norm = normalize_answer(pred), normalize_answer(gold)
+    if not pred_norm or not gold_norm:
+        return False
+    if pred_norm == gold_norm:
+        return True
+    pred_num, gold_num = parse_rational(pred_norm), parse_rational(gold_norm)
+    if pred_num is None or gold_num is None:
+        return None
+    if pred_num[0] == gold_num[0]:
+        return True
+    if pred_num[1] and gold_num[1]:
+        return False
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# math-verify worker subprocesses
+# ----------------------------------------------------------------------------------------------------------
+
+
+class _WorkerDied(Exception):
+    """The worker process exited or stopped speaking the protocol."""
+
+
+class _VerifyWorker:
+    """One ``_verify_worker.py`` subprocess; JSON lines over stdin/stdout, reads bounded by a timeout."""
+
+    def __init__(self, memory_limit_mb: int, startup_timeout_s: float):
+        self.process = subprocess.Popen(
+            [sys.executable, str(_WORKER_SCRIPT), str(memory_limit_mb)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,  # no Ctrl-C noise
+        )
+        self._selector = selectors.DefaultSelector()  # epoll: works for file descriptors above 1024
+        self._selector.register(self.process.stdout, selectors.EVENT_READ)
+        self._buffer = b""
+        try:
+            reply = self.read_message(startup_timeout_s)
+        except _WorkerDied:
+            reply = {"fatal": "it exited while starting"}
+        if reply is None or "fatal" in reply or not reply.get("ready"):
+            self.kill()
+            why = "did not start in time" if reply is None else reply.get("fatal", reply)
+            raise _WorkerDied(f"math-verify worker failed to start: {why}")
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def send_jobs(self, jobs: Sequence[tuple[str, str]]) -> None:
+        try:
+            self.process.stdin.write(json.dumps({"jobs": list(jobs)}).encode() + b"\n")
+            self.process.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError) as exc:
+            raise _WorkerDied(f"cannot write to worker: {exc}") from exc
+
+    def read_message(self, timeout_s: float) -> dict | None:
+        """Next JSON line, or None when none arrives within ``timeout_s``; raises _WorkerDied on exit."""
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._selector.select(remaining):
+                return None
+            chunk = os.read(self.process.stdout.fileno(), 1 << 16)
+            if not chunk:
+                raise _WorkerDied("worker exited")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        try:
+            return json.loads(line)
+        except ValueError as exc:
+            raise _WorkerDied(f"unreadable worker output {line[:80]!r}") from exc
+
+    def kill(self) -> None:
+        """Stop the process (SIGKILL) and release its pipes; safe to call twice."""
+        self._selector.close()
+        if self.process.poll() is None:
+            self.process.kill()
+        for cleanup in (lambda: self.process.wait(timeout=10), self.process.stdin.close, self.process.stdout.close):
+            try:
+                cleanup()
+            except (OSError, ValueError, subprocess.TimeoutExpired):  # broken pipe, already closed, unkillable
+                pass
+
+
+def _kill_workers(workers: set) -> None:
+    for worker in list(workers):
+        worker.kill()
+    workers.clear()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Grader
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GraderStats:
+    """Counters since the grader was built (or last ``reset_stats``)."""
+
+    calls: int = 0  # answers graded
+    no_answer: int = 0  # answers missing (no \boxed{} found) -> 0
+    fast_path_hits: int = 0  # answers decided by the fast path alone
+    verify_calls: int = 0  # (answer, gold) comparisons sent to math-verify
+    timeouts: int = 0  # comparisons that ran past timeout_s (worker killed) -> 0
+    errors: int = 0  # parse/comparison errors and worker failures -> 0
+    too_long: int = 0  # answers longer than max_answer_chars, scored 0 without math-verify
+    worker_starts: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+# Outcome of one graded answer (also reported in the math env's infos).
+OUTCOME_NO_ANSWER, OUTCOME_FAST, OUTCOME_VERIFY = "no_answer", "fast", "verify"
+OUTCOME_TIMEOUT, OUTCOME_ERROR, OUTCOME_TOO_LONG = "timeout", "error", "too_long"
+
+
+def _gold_tuple(gold: GoldAnswers) -> tuple[str, ...]:
+    if isinstance(gold, str):
+        return (gold,)
+    try:
+        return tuple(g for g in gold if isinstance(g, str))
+    except TypeError:
+        return ()
+
+
+class MathGrader:
+    """Batched, thread-safe math grader with a bounded math-verify stage (see the module docstring).
+
+    Worker subprocesses start lazily (a batch the fast path decides starts none) and are reused. Safe to
+    call from several threads at once; pickling keeps only the settings (fresh workers on the other side).
+    """
+
+    def __init__(self, timeout_s: float = 5.0, num_workers: int | None = None, max_answer_chars: int = 1000,
+                 memory_limit_mb: int = 4096, startup_timeout_s: float = 60.0, fast_path: bool = True):
+        """
+        Args:
+            timeout_s: wall-clock limit of one math-verify comparison (parse both answers + verify).
+            fast_path: decide what ``fast_match`` can before math-verify (off: math-verify judges every answer).
+            num_workers: math-verify subprocesses used in parallel (default: min(4, CPU count)).
+            max_answer_chars: answers longer than this are scored 0 without math-verify (counted).
+            memory_limit_mb: address-space limit of each worker (0 = none); an answer that exhausts it is an error.
+            startup_timeout_s: time allowed for a worker to import math-verify.
+        """
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s={timeout_s} must be > 0 (seconds per math-verify comparison)")
+        if importlib.util.find_spec("math_verify") is None:
+            raise ImportError("MathGrader needs math-verify: `pip install math-verify==0.9.0` "
+                              "(or `pip install -e .[envs]`)")
+        self.timeout_s = float(timeout_s)
+        self.num_workers = max(1, num_workers or min(4, os.cpu_count() or 1))
+        self.max_answer_chars = int(max_answer_chars)
+        self.memory_limit_mb = int(memory_limit_mb)
+        self.startup_timeout_s = float(startup_timeout_s)
+        self.fast_path = bool(fast_path)
+        self._init_runtime()
+
+    def _init_runtime(self) -> None:
+        self.stats = GraderStats()
+        self._stats_lock = threading.Lock()
+        self._slots: queue.LifoQueue[_VerifyWorker | None] = queue.LifoQueue()
+        for _ in range(self.num_workers):
+            self._slots.put(None)  # a free slot; its worker starts on first use
+        self._live_workers: set[_VerifyWorker] = set()
+        self._executor: ThreadPoolExecutor | None = None
+        self._finalizer = weakref.finalize(self, _kill_workers, self._live_workers)
+
+    def __getstate__(self) -> dict:
+        return {"timeout_s": self.timeout_s, "num_workers": self.num_workers,
+                "max_answer_chars": self.max_answer_chars, "memory_limit_mb": self.memory_limit_mb,
+                "startup_timeout_s": self.startup_timeout_s, "fast_path": self.fast_path}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._init_runtime()
+
+    def close(self) -> None:
+        """Stop the worker processes (a later call starts new ones)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        _kill_workers(self._live_workers)
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the running math-verify workers."""
+        return sorted(worker.pid for worker in list(self._live_workers))
+
+    def reset_stats(self) -> GraderStats:
+        """Return the current counters and start new ones."""
+        with self._stats_lock:
+            stats, self.stats = self.stats, GraderStats()
+        return stats
+
+    def _count(self, **increments: int) -> None:
+        with self._stats_lock:
+            for name, value in increments.items():
+                setattr(self.stats, name, getattr(self.stats, name) + value)
+
+    # -- public API ----------------------------------------------------------------------------------------
+
+    def grade_batch(self, solutions: Sequence[str], gold_answers_list: Sequence[GoldAnswers]) -> np.ndarray:
+        """Score full solution texts: 1.0 when the last boxed answer equals any gold answer, else 0.0.
+
+        Returns float32 ``[len(solutions)]``. Never raises on the text.
+        """
+        return self.grade_answers([extract_boxed(s) for s in solutions], gold_answers_list)
+
+    def grade(self, solution: str, gold_answers: GoldAnswers) -> float:
+        """Score one solution text (see ``grade_batch``)."""
+        return float(self.grade_batch([solution], [gold_answers])[0])
+
+    def grade_answers(self, answers: Sequence[str | None], gold_answers_list: Sequence[GoldAnswers]) -> np.ndarray:
+        """Score already-extracted answers (None = no answer found); float32 ``[len(answers)]``."""
+        return self.grade_answers_with_outcomes(answers, gold_answers_list)[0]
+
+    def grade_answers_with_outcomes(self, answers: Sequence[str | None],
+                                    gold_answers_list: Sequence[GoldAnswers]) -> tuple[np.ndarray, list[str]]:
+        """Like ``grade_answers``, plus one outcome per answer: ``no_answer``, ``fast``, ``verify``,
+        ``timeout``, ``error`` or ``too_long``."""
+        if len(answers) != len(gold_answers_list):
+            raise ValueError(f"{len(answers)} answers but {len(gold_answers_list)} gold entries; pass one "
+                             "gold answer (or tuple of accepted answers) per answer")
+        scores = np.zeros(len(answers), dtype=np.float32)
+        outcomes = [OUTCOME_NO_ANSWER] * len(answers)
+        jobs: list[tuple[str, str]] = []
+        job_owner: list[int] = []
+        for i, (answer, gold) in enumerate(zip(answers, gold_answers_list)):
+            golds = _gold_tuple(gold)
+            if not isinstance(answer, str) or not answer.strip() or not golds:
+                continue
+            if len(answer) > self.max_answer_chars:
+                outcomes[i] = OUTCOME_TOO_LONG
+                continue
+            decisions = [self._fast_match(answer, g) for g in golds]
+            if any(d is True for d in decisions) or all(d is False for d in decisions):
+                scores[i] = float(any(decisions))
+                outcomes[i] = OUTCOME_FAST
+                continue
+            outcomes[i] = OUTCOME_VERIFY
+            for g, decision in zip(golds, decisions):
+                if decision is None:
+                    jobs.append((g, answer))
+                    job_owner.append(i)
+        self._count(calls=len(answers), no_answer=outcomes.count(OUTCOME_NO_ANSWER),
+                    fast_path_hits=outcomes.count(OUTCOME_FAST), too_long=outcomes.count(OUTCOME_TOO_LONG))
+        if jobs:
+            results = self._verify_all(jobs)
+            for owner, result in zip(job_owner, results):
+                if result is True:
+                    scores[owner] = 1.0
+                    outcomes[owner] = OUTCOME_VERIFY
+                elif result in (OUTCOME_TIMEOUT, OUTCOME_ERROR) and scores[owner] == 0.0:
+                    outcomes[owner] = result
+        return scores, outcomes
+
+    def _fast_match(self, answer: str, gold: str) -> bool | None:
+        if not self.fast_path:
+            return None
+        try:
+            return fast_match(answer, gold)
+        except Exception:  # a normalization bug must not lose the answer: let math-verify decide
+            logger.exception("fast-path grading failed on %r vs %r", answer[:80], gold[:80])
+            return None
+
+    # -- math-verify stage ---------------------------------------------------------------------------------
+
+    def _verify_all(self, jobs: list[tuple[str, str]]) -> list[bool | str]:
+        """Run (gold, pred) comparisons on the workers; True/False, or OUTCOME_TIMEOUT / OUTCOME_ERROR."""
+        self._count(verify_calls=len(jobs))
+        n_chunks = min(self.num_workers, max(1, len(jobs) // 4))
+        bounds = np.linspace(0, len(jobs), n_chunks + 1).astype(int)
+        chunks = [jobs[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        if len(chunks) == 1:
+            return self._verify_chunk(chunks[0])
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self.num_workers, thread_name_prefix="math-verify")
+        return [r for part in self._executor.map(self._verify_chunk, chunks) for r in part]
+
+    def _verify_chunk(self, jobs: list[tuple[str, str]]) -> list[bool | str]:
+        worker = self._slots.get()
+        try:
+            results, worker = self._run_on_worker(worker, jobs)
+        finally:
+            self._slots.put(worker)
+        return results
+
+    def _start_worker(self) -> _VerifyWorker | None:
+        try:
+            worker = _VerifyWorker(self.memory_limit_mb, self.startup_timeout_s)
+        except (_WorkerDied, OSError) as exc:
+            logger.error("%s; scoring the pending comparisons 0", exc)
+            return None
+        self._live_workers.add(worker)
+        self._count(worker_starts=1)
+        return worker
+
+    def _retire(self, worker: _VerifyWorker) -> None:
+        self._live_workers.discard(worker)
+        worker.kill()
+
+    def _run_on_worker(self, worker: _VerifyWorker | None,
+                       jobs: list[tuple[str, str]]) -> tuple[list[bool | str], _VerifyWorker | None]:
+        results: list[bool | str] = [OUTCOME_ERROR] * len(jobs)
+        next_job = 0
+        while next_job < len(jobs):
+            if worker is None or worker.process.poll() is not None:
+                if worker is not None:
+                    self._retire(worker)
+                worker = self._start_worker()
+                if worker is None:
+                    self._count(errors=len(jobs) - next_job)
+                    break
+            try:
+                sent_from = next_job
+                worker.send_jobs(jobs[sent_from:])
+                while next_job < len(jobs):
+                    reply = worker.read_message(self.timeout_s)
+                    if reply is None:
+                        logger.warning("math-verify timed out after %.1fs on %r vs gold %r; restarting its "
+                                       "worker", self.timeout_s, jobs[next_job][1][:80], jobs[next_job][0][:80])
+                        results[next_job] = OUTCOME_TIMEOUT
+                        self._count(timeouts=1)
+                        next_job += 1
+                        self._retire(worker)
+                        worker = None
+                        break
+                    if reply.get("i") != next_job - sent_from:
+                        raise _WorkerDied(f"out-of-order reply {reply}")
+                    if "match" in reply:
+                        results[next_job] = bool(reply["match"])
+                    else:
+                        self._count(errors=1)
+                        logger.debug("math-verify error on %r: %s", jobs[next_job][1][:80], reply.get("error"))
+                    next_job += 1
+            except _WorkerDied as exc:
+                logger.warning("math-verify worker died (%s) on %r; restarting it", exc, jobs[next_job][1][:80])
+                results[next_job] = OUTCOME_ERROR
+                self._count(errors=1)
+                next_job += 1
+                self._retire(worker)
+                worker = None
+        return results, worker
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Module-level convenience
+# ----------------------------------------------------------------------------------------------------------
+
+_DEFAULT_GRADER: MathGrader | None = None
+_DEFAULT_GRADER_LOCK = threading.Lock()
+
+
+def default_grader() -> MathGrader:
+    """The process-wide grader with default settings (created on first use, thread-safe)."""
+    global _DEFAULT_GRADER
+    with _DEFAULT_GRADER_LOCK:
+        if _DEFAULT_GRADER is None:
+            _DEFAULT_GRADER = MathGrader()
+        return _DEFAULT_GRADER
+
+
+def grade_batch(solutions: Sequence[str], gold_answers_list: Sequence[GoldAnswers],
+                grader: MathGrader | None = None) -> np.ndarray:
+    """Score solution texts against gold answers with ``grader`` (default: ``default_grader()``)."""
+    return (grader or default_grader()).grade_batch(solutions, gold_answers_list)

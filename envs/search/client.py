@@ -1,0 +1,125 @@
+"""HTTP client for a Search-R1 style retrieval server, built to never hang and never raise.
+
+    client = RetrievalClient("http://127.0.0.1:8000", timeout_s=5, max_retries=2)
+    batch = client.retrieve(queries, topk=3)       # RetrievalBatch; batch.error is set on failure
+
+Each attempt waits at most ``timeout_s`` to connect and for the response headers, and the body must be
+complete ``timeout_s`` after the request started (checked while it streams in; one blocked read can add
+up to ``timeout_s``), so an attempt lasts under ``2 * timeout_s``. Connection errors, timeouts, 5xx
+answers and malformed bodies are retried ``max_retries`` times with exponential backoff
+(``backoff_s * 2**(attempt-1)``); a 4xx answer is not retried (the request itself is wrong). A call thus
+returns within ``(max_retries + 1) * 2 * timeout_s + backoff_s * (2**max_retries - 1)`` seconds.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any, Sequence
+
+import requests
+
+from envs.search.retriever import RetrievalBatch
+
+logger = logging.getLogger(__name__)
+
+
+class _Retryable(Exception):
+    pass
+
+
+def _check_results(payload: Any, n_queries: int) -> list[list[dict[str, Any]]]:
+    """Validate the ``{"result": [[{"document": {...}, "score": s}, ...], ...]}`` shape."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("result"), list):
+        raise _Retryable(f"response has no 'result' list (got {type(payload).__name__})")
+    results = payload["result"]
+    if len(results) != n_queries:
+        raise _Retryable(f"response has {len(results)} result lists for {n_queries} queries")
+    for hits in results:
+        if not isinstance(hits, list) or not all(
+                isinstance(h, dict) and isinstance(h.get("document"), dict)
+                and isinstance(h["document"].get("contents"), str) for h in hits):
+            raise _Retryable("a result list is not [{'document': {'contents': str, ...}, 'score': float}, ...]")
+    return results
+
+
+class RetrievalClient:
+    """Batched ``POST /retrieve`` with timeouts and bounded retries; returns ``RetrievalBatch``."""
+
+    def __init__(self, url: str, topk: int = 3, timeout_s: float = 10.0, max_retries: int = 2,
+                 backoff_s: float = 0.5, max_batch: int = 256):
+        if timeout_s <= 0 or max_retries < 0 or backoff_s < 0 or max_batch < 1:
+            raise ValueError(f"need timeout_s > 0, max_retries >= 0, backoff_s >= 0, max_batch >= 1; got "
+                             f"{timeout_s}, {max_retries}, {backoff_s}, {max_batch}")
+        url = url.rstrip("/")
+        self.url = url if url.endswith("/retrieve") else url + "/retrieve"
+        self.topk, self.timeout_s, self.max_retries = topk, timeout_s, max_retries
+        self.backoff_s, self.max_batch = backoff_s, max_batch
+        self._local = threading.local()  # one requests.Session per thread
+
+    @property
+    def _session(self) -> requests.Session:
+        if not hasattr(self._local, "session"):
+            self._local.session = requests.Session()
+        return self._local.session
+
+    def _post_once(self, payload: dict[str, Any]) -> Any:
+        """One attempt under a hard deadline; raises ``_Retryable`` or ``ValueError`` (4xx, not retried)."""
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            with self._session.post(self.url, json=payload, timeout=self.timeout_s, stream=True) as resp:
+                body = bytearray()
+                for chunk in resp.iter_content(chunk_size=65536):
+                    body += chunk
+                    if time.monotonic() > deadline:
+                        raise _Retryable(f"response body not complete after {self.timeout_s}s")
+        except requests.RequestException as e:
+            raise _Retryable(f"{type(e).__name__}: {e}") from e
+        if 400 <= resp.status_code < 500:
+            raise ValueError(f"HTTP {resp.status_code}: {body[:300].decode('utf-8', 'replace')}")
+        if resp.status_code != 200:
+            raise _Retryable(f"HTTP {resp.status_code}: {body[:300].decode('utf-8', 'replace')}")
+        try:
+            return json.loads(body)
+        except ValueError as e:
+            raise _Retryable(f"malformed JSON in response: {e}") from e
+
+    def _retrieve_chunk(self, queries: list[str], topk: int) -> RetrievalBatch:
+        payload = {"queries": queries, "topk": topk, "return_scores": True}
+        error = ""
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                return RetrievalBatch(_check_results(self._post_once(payload), len(queries)))
+            except ValueError as e:  # 4xx: retrying cannot help
+                error = f"retrieval request rejected by {self.url}: {e}"
+                break
+            except _Retryable as e:
+                error = f"retrieval failed after {attempt + 1} attempt(s) at {self.url}: {e}"
+                logger.warning("%s", error)
+            except Exception as e:  # noqa: BLE001 -- the contract is: never raise to the caller
+                error = f"unexpected client error at {self.url}: {type(e).__name__}: {e}"
+                logger.warning("%s", error)
+        return RetrievalBatch.failed(len(queries), error)
+
+    def retrieve(self, queries: Sequence[str], topk: int | None = None) -> RetrievalBatch:
+        """Top-k documents per query; on failure ``error`` is set and every result list is empty.
+        Batches larger than ``max_batch`` are sent in chunks (all fail if one chunk fails)."""
+        queries, topk = [str(q) for q in queries], self.topk if topk is None else topk
+        results: list[list[dict[str, Any]]] = []
+        for start in range(0, len(queries), self.max_batch):
+            chunk = self._retrieve_chunk(queries[start:start + self.max_batch], topk)
+            if not chunk.ok:
+                return RetrievalBatch.failed(len(queries), chunk.error or "retrieval failed")
+            results.extend(chunk.results)
+        return RetrievalBatch(results)
+
+    def health(self) -> dict[str, Any] | None:
+        """``GET /health`` as a dict, or ``None`` when the server does not answer."""
+        try:
+            resp = self._session.get(self.url[: -len("/retrieve")] + "/health", timeout=self.timeout_s)
+            return resp.json() if resp.status_code == 200 else None
+        except (requests.RequestException, ValueError):
+            return None

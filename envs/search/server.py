@@ -1,0 +1,217 @@
+"""Retrieval server speaking the Search-R1 API (FastAPI + uvicorn).
+
+    python -m envs.search.server --corpus PATH|SHARED_NAME --backend bm25|dense [--host 127.0.0.1] [--port 0]
+
+Endpoints:
+- ``POST /retrieve`` with ``{"queries": [str, ...], "topk": 3, "return_scores": true}`` (a single
+  ``"query": str`` is accepted too). Answer, as Search-R1's ``retrieval_server.py``:
+  ``{"result": [[{"document": {"id", "title", "contents"}, "score": float}, ...], ...]}`` (one list per
+  query, best first); with ``return_scores: false`` each list holds the bare document dicts.
+  ``contents`` is ``'"<title>"\\n<text>'`` as in Search-R1's wiki-18 corpus.
+- ``GET /health`` -> ``{"status": "ok", "backend", "passages", "corpus_hash"}``.
+
+Bad requests get a 4xx with ``{"detail": "<what is wrong and the limit>"}``: 400 malformed JSON,
+413 body/batch/query too large, 422 wrong field types or topk out of range.
+``--port 0`` picks a free port; the chosen address is logged and printed as ``RETRIEVAL_SERVER_URL=...``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+
+from envs.search.retriever import BACKENDS, Retriever
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Request limits; anything above them is refused with a 4xx."""
+
+    max_queries: int = 512  # queries per request (Search-R1 sends one batch per rollout step)
+    max_query_chars: int = 4096  # characters per query
+    max_topk: int = 100
+    max_body_bytes: int = 4 << 20  # 4 MiB
+    default_topk: int = 3
+
+    def __post_init__(self) -> None:
+        if min(self.max_queries, self.max_query_chars, self.max_topk, self.max_body_bytes, self.default_topk) < 1:
+            raise ValueError(f"all server limits must be >= 1, got {self}")
+        if self.default_topk > self.max_topk:
+            raise ValueError(f"default_topk={self.default_topk} exceeds max_topk={self.max_topk}; raise max_topk")
+
+
+class RequestError(Exception):
+    """A refused request: HTTP status and the message sent back as ``detail``."""
+
+    def __init__(self, status: int, detail: str):
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+def parse_request(body: bytes, limits: ServerLimits) -> tuple[list[str], int, bool]:
+    """Validate a /retrieve body -> (queries, topk, return_scores); raises ``RequestError``."""
+    if len(body) > limits.max_body_bytes:
+        raise RequestError(413, f"request body exceeds the limit of {limits.max_body_bytes} bytes")
+    try:
+        req = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RequestError(400, f"request body is not valid JSON ({e}); send "
+                                f'{{"queries": ["..."], "topk": 3, "return_scores": true}}') from None
+    if not isinstance(req, dict):
+        raise RequestError(422, f"request must be a JSON object, got {type(req).__name__}")
+    if ("queries" in req) == ("query" in req):
+        raise RequestError(422, "give exactly one of 'queries' (list of strings) or 'query' (string)")
+    queries = req["queries"] if "queries" in req else [req["query"]]
+    if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
+        raise RequestError(422, "'queries' must be a list of strings ('query' a string)")
+    if not queries:
+        raise RequestError(422, "'queries' is empty; send at least one query")
+    if len(queries) > limits.max_queries:
+        raise RequestError(413, f"{len(queries)} queries in one request; the limit is {limits.max_queries}, "
+                                f"split the batch")
+    longest = max(map(len, queries))
+    if longest > limits.max_query_chars:
+        raise RequestError(413, f"a query has {longest} characters; the limit is {limits.max_query_chars}")
+    topk = req.get("topk", None)
+    topk = limits.default_topk if topk is None else topk
+    if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= limits.max_topk:
+        raise RequestError(422, f"'topk' must be an integer in [1, {limits.max_topk}], got {topk!r}")
+    return_scores = req.get("return_scores", False)
+    if not isinstance(return_scores, bool):
+        raise RequestError(422, f"'return_scores' must be true or false, got {return_scores!r}")
+    return queries, topk, return_scores
+
+
+def create_app(retriever: Retriever, limits: ServerLimits = ServerLimits()) -> Any:
+    """FastAPI app serving ``retriever``."""
+    app = FastAPI(title="drmas retrieval server (Search-R1 API)")
+
+    @app.get("/health")
+    def health() -> dict[str, Any]:
+        return {"status": "ok", "backend": retriever.backend, "passages": len(retriever.corpus),
+                "corpus_hash": retriever.corpus.content_hash}
+
+    @app.post("/retrieve")
+    async def retrieve(request: Request) -> Any:
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limits.max_body_bytes:
+            return JSONResponse({"detail": f"request body ({declared} bytes) exceeds the limit of "
+                                           f"{limits.max_body_bytes} bytes"}, status_code=413)
+        body = bytearray()
+        async for chunk in request.stream():  # stop reading once over the limit (chunked uploads too)
+            body += chunk
+            if len(body) > limits.max_body_bytes:
+                break
+        try:
+            queries, topk, return_scores = parse_request(bytes(body), limits)
+        except RequestError as e:
+            return JSONResponse({"detail": e.detail}, status_code=e.status)
+        batch = await run_in_threadpool(retriever.retrieve, queries, topk)
+        if return_scores:
+            return {"result": batch.results}
+        return {"result": [[hit["document"] for hit in hits] for hits in batch.results]}
+
+    return app
+
+
+def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A listening TCP socket (``port=0`` -> a free port; read it from ``getsockname()``)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(128)
+    return sock
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class ServerThread:
+    """Run an app with uvicorn in a background thread (tests, in-process trainers).
+
+        with ServerThread(create_app(retriever)) as url: ...
+    """
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, startup_timeout_s: float = 30.0):
+        import uvicorn
+
+        self.sock = bind_socket(host, port)
+        self.url = _url(self.sock)
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.startup_timeout_s = startup_timeout_s
+
+    def start(self) -> str:
+        self.thread.start()
+        deadline = time.monotonic() + self.startup_timeout_s
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError(f"uvicorn did not start on {self.url} within {self.startup_timeout_s}s")
+            time.sleep(0.01)
+        return self.url
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.sock.close()
+
+    def __enter__(self) -> str:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--corpus", required=True,
+                        help="corpus jsonl ({id,title,text} or Search-R1 {id,contents}) or a shared corpus name")
+    parser.add_argument("--backend", choices=BACKENDS, default="bm25")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    parser.add_argument("--topk", type=int, default=3, help="default topk when a request gives none")
+    parser.add_argument("--max-queries", type=int, default=ServerLimits.max_queries)
+    parser.add_argument("--max-query-chars", type=int, default=ServerLimits.max_query_chars)
+    parser.add_argument("--no-cache", action="store_true", help="rebuild the index, do not read or write the cache")
+    parser.add_argument("--log-level", default="info")
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+
+    from envs.search.corpus import load_corpus, resolve_corpus_path
+    from envs.search.retriever import build_retriever
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
+    corpus = load_corpus(resolve_corpus_path(args.corpus))
+    retriever = build_retriever(corpus, args.backend, use_cache=not args.no_cache)
+    limits = ServerLimits(max_queries=args.max_queries, max_query_chars=args.max_query_chars,
+                          default_topk=args.topk)
+    sock = bind_socket(args.host, args.port)
+    url = _url(sock)
+    logger.info("retrieval server (%s, %d passages) listening on %s", args.backend, len(corpus), url)
+    print(f"RETRIEVAL_SERVER_URL={url}", flush=True)
+    uvicorn.Server(uvicorn.Config(create_app(retriever, limits), log_level=args.log_level.lower(),
+                                  lifespan="off")).run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    main()
