@@ -22,6 +22,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from drmas.registry import Registry
+
 
 @dataclass(frozen=True)
 class Task:
@@ -59,27 +61,14 @@ class Env(abc.ABC):
         """Apply ``actions[j]`` to episode ``idx[j]``; never raises on malformed text."""
 
 
-_ENV_REGISTRY: dict[str, Callable[..., Env]] = {}
-
-
-def register_env(name: str) -> Callable[[Callable[..., Env]], Callable[..., Env]]:
-    """Class decorator: make an environment constructible by name (duplicates rejected)."""
-
-    def deco(cls: Callable[..., Env]) -> Callable[..., Env]:
-        if name in _ENV_REGISTRY:
-            raise ValueError(f"environment {name!r} is already registered ({_ENV_REGISTRY[name]!r})")
-        _ENV_REGISTRY[name] = cls
-        return cls
-
-    return deco
+ENV_REGISTRY: Registry[Callable[..., Env]] = Registry("environment")
+register_env = ENV_REGISTRY.register  # class decorator: make an environment constructible by name
 
 
 def make_env(name: str, **kwargs: Any) -> Env:
     """Build a registered environment; an unknown name lists the registered ones."""
-    if name not in _ENV_REGISTRY:
-        raise KeyError(f"unknown environment {name!r}; registered: {sorted(_ENV_REGISTRY)}")
-    return _ENV_REGISTRY[name](**kwargs)
+    return ENV_REGISTRY.build(name, **kwargs)
 
 
 def registered_envs() -> list[str]:
-    return sorted(_ENV_REGISTRY)
+    return ENV_REGISTRY.names()

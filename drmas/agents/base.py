@@ -15,6 +15,7 @@ import abc
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar
 
+from drmas.registry import Registry
 from envs.base import Task
 
 
@@ -61,23 +62,19 @@ class Agent(abc.ABC):
         return f"{type(self).__name__}(name={self.name!r})"
 
 
-AGENT_REGISTRY: dict[str, type[Agent]] = {}
+AGENT_REGISTRY: Registry[type[Agent]] = Registry("agent role")
 
 
 def register_agent(role: str) -> Callable[[type[Agent]], type[Agent]]:
     """Class decorator: register an agent class under a role name (duplicates are rejected)."""
 
     def deco(cls: type[Agent]) -> type[Agent]:
-        if role in AGENT_REGISTRY:
-            raise ValueError(f"agent role {role!r} is already registered by {AGENT_REGISTRY[role].__name__}")
+        AGENT_REGISTRY.register(role)(cls)
         cls.role = role
-        AGENT_REGISTRY[role] = cls
         return cls
 
     return deco
 
 
 def make_agent(role: str, name: str) -> Agent:
-    if role not in AGENT_REGISTRY:
-        raise KeyError(f"unknown agent role {role!r}; registered: {sorted(AGENT_REGISTRY)}")
-    return AGENT_REGISTRY[role](name)
+    return AGENT_REGISTRY.get(role)(name)

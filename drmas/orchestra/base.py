@@ -18,6 +18,7 @@ from typing import Any, Callable, ClassVar, Protocol, Sequence
 import numpy as np
 
 from drmas.agents.base import AgentView, Parsed
+from drmas.registry import Registry
 from envs.base import Env, Task
 
 
@@ -64,25 +65,9 @@ class Orchestra(abc.ABC):
         """Run all episodes to the end; set ``episodes.reward``."""
 
 
-ORCHESTRA_REGISTRY: dict[str, Callable[..., Orchestra]] = {}
-
-
-def register_orchestra(name: str) -> Callable[[type[Orchestra]], type[Orchestra]]:
-    """Class decorator: register an orchestra by name (duplicates are rejected)."""
-
-    def deco(cls: type[Orchestra]) -> type[Orchestra]:
-        if name in ORCHESTRA_REGISTRY:
-            raise ValueError(f"orchestra {name!r} is already registered by {ORCHESTRA_REGISTRY[name]!r}")
-        ORCHESTRA_REGISTRY[name] = cls
-        return cls
-
-    return deco
+ORCHESTRA_REGISTRY: Registry[Callable[..., Orchestra]] = Registry("orchestra")
+register_orchestra = ORCHESTRA_REGISTRY.register  # class decorator
 
 
 def make_orchestra(name: str, **kwargs: Any) -> Orchestra:
-    if name not in ORCHESTRA_REGISTRY:
-        raise KeyError(f"unknown orchestra {name!r}; registered: {sorted(ORCHESTRA_REGISTRY)}")
-    try:
-        return ORCHESTRA_REGISTRY[name](**kwargs)
-    except TypeError as exc:
-        raise ValueError(f"bad arguments for orchestra {name!r}: {exc}") from None
+    return ORCHESTRA_REGISTRY.build(name, **kwargs)

@@ -62,8 +62,15 @@ def _history(episodes: Episodes, i: int) -> str:
     return episodes.env.history(i)  # type: ignore[attr-defined]
 
 
+class _TurnLimited(Orchestra):
+    def __init__(self, max_turns: int = 4):
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        self.max_turns = max_turns
+
+
 @register_orchestra("search")
-class SearchHierarchy(Orchestra):
+class SearchHierarchy(_TurnLimited):
     """Verifier -> Search / Answer hierarchy (NOTES §4), at most ``max_turns`` turns. Each turn the
     Verifier says <verify>yes</verify> (-> the Answer agent answers, episode ends) or
     <verify>no</verify> (-> the Search agent writes a query; top-k passages come back in the history).
@@ -71,11 +78,6 @@ class SearchHierarchy(Orchestra):
     the last turn: nothing could use its result). An invalid verdict counts as no."""
 
     slots = ("verifier", "search", "answer")
-
-    def __init__(self, max_turns: int = 4):
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        self.max_turns = max_turns
 
     def run(self, episodes: Episodes, call: CallFn) -> None:
         active = np.arange(len(episodes))
@@ -100,15 +102,10 @@ class SearchHierarchy(Orchestra):
 
 
 @register_orchestra("search_single")
-class SearchSingleAgent(Orchestra):
+class SearchSingleAgent(_TurnLimited):
     """Single-agent baseline (Search-R1 style): each turn the agent searches or answers."""
 
     slots = ("agent",)
-
-    def __init__(self, max_turns: int = 4):
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        self.max_turns = max_turns
 
     def run(self, episodes: Episodes, call: CallFn) -> None:
         active = np.arange(len(episodes))

@@ -11,6 +11,8 @@ from typing import Callable
 
 import torch
 
+from drmas.registry import Registry
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -82,24 +84,10 @@ def stop_positions(tokens: torch.Tensor, stop_ids: torch.Tensor) -> tuple[torch.
 
 
 EngineFactory = Callable[..., RolloutEngine]
-ENGINES: dict[str, EngineFactory] = {}
-
-
-def register_engine(name: str) -> Callable[[EngineFactory], EngineFactory]:
-    """Class decorator: make an engine buildable as ``make_engine(name, ...)``."""
-
-    def wrap(factory: EngineFactory) -> EngineFactory:
-        if name in ENGINES:
-            raise ValueError(f"rollout engine {name!r} is already registered ({ENGINES[name]})")
-        ENGINES[name] = factory
-        return factory
-
-    return wrap
+ENGINES: Registry[EngineFactory] = Registry("rollout engine")
+register_engine = ENGINES.register  # class decorator: make an engine buildable as make_engine(name, ...)
 
 
 def make_engine(name: str, **kw) -> RolloutEngine:
-    """Build the engine registered as ``name`` with keyword arguments ``kw``."""
-    if name not in ENGINES:
-        raise ValueError(f"unknown rollout engine {name!r}; registered: {sorted(ENGINES)} "
-                         f"(import drmas.rollout to register the built-in ones)")
-    return ENGINES[name](**kw)
+    """Build the engine registered as ``name`` (import drmas.rollout to register the built-in ones)."""
+    return ENGINES.build(name, **kw)

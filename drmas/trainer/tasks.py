@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from drmas.registry import Registry
 from envs.base import Env, Task, make_env
 
 logger = logging.getLogger(__name__)
@@ -45,26 +46,12 @@ class TaskSource(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} has no SFT traces; give models a checkpoint `path`")
 
 
-TASK_SOURCES: dict[str, Callable[..., TaskSource]] = {}
-
-
-def register_task_source(name: str):
-    def deco(cls):
-        if name in TASK_SOURCES:
-            raise ValueError(f"task source {name!r} is already registered")
-        TASK_SOURCES[name] = cls
-        return cls
-
-    return deco
+TASK_SOURCES: Registry[Callable[..., TaskSource]] = Registry("task source (env.name)")
+register_task_source = TASK_SOURCES.register  # class decorator
 
 
 def make_task_source(name: str, **kwargs: Any) -> TaskSource:
-    if name not in TASK_SOURCES:
-        raise KeyError(f"unknown task source (env.name) {name!r}; registered: {sorted(TASK_SOURCES)}")
-    try:
-        return TASK_SOURCES[name](**kwargs)
-    except TypeError as exc:
-        raise ValueError(f"bad env.args for task source {name!r}: {exc}") from None
+    return TASK_SOURCES.build(name, **kwargs)
 
 
 def _step_seed(seed: int, step: int) -> int:
