@@ -141,7 +141,7 @@ class PolicyWorker:
                                           entropy=entropy)
                     share = (float(packed.response_mask.sum()) if agg == "token_mean" else len(rows)) / max(total, 1)
                     (loss * share).backward()
-                    sums["loss"] += float(loss) * share
+                    sums["loss"] += float(loss.detach()) * share
                     for k in ("clip_frac", "entropy", "approx_kl_old"):
                         sums[k] += m.get(k, 0.0) * share
                 tracker.mark(str(agent))
