@@ -46,12 +46,11 @@ Singleton = Literal["raw", "zero"]
 IdColumn = Sequence | np.ndarray | torch.Tensor | pd.Series
 
 
-@dataclass
 class AdvantageResult:
     """Output of :func:`compute_advantages`.
 
     advantages:  float32 tensor [n_steps], one value per agent step.
-    stats:       one row per normalization group (row order unspecified: read the id columns);
+    stats:       (computed on first access) one row per normalization group (row order unspecified: read the id columns);
                  columns ``task_id`` (and ``agent_id`` for agent-wise estimators), ``n``, ``mean``,
                  ``std`` (the values used, after the singleton rule), ``singleton``; agent-wise
                  estimators add the task group's trajectory-level ``task_n``, ``task_mean``,
@@ -59,9 +58,18 @@ class AdvantageResult:
     group_index: int64 tensor [n_steps], the row of ``stats`` each step was normalized in.
     """
 
-    advantages: torch.Tensor
-    stats: pd.DataFrame
-    group_index: torch.Tensor
+    def __init__(self, advantages: torch.Tensor, stats: pd.DataFrame | Callable[[], pd.DataFrame],
+                 group_index: torch.Tensor):
+        self.advantages = advantages
+        self.group_index = group_index
+        self._stats = stats
+
+    @property
+    def stats(self) -> pd.DataFrame:
+        """Built on first access (a per-group summary most hot paths never read)."""
+        if callable(self._stats):
+            self._stats = self._stats()
+        return self._stats
 
 
 @dataclass(frozen=True)
@@ -411,7 +419,7 @@ def compute_advantages(
         empty = pd.DataFrame(columns=["task_id", "n", "mean", "std", "singleton"])
         return AdvantageResult(torch.zeros(0), empty, torch.zeros(0, dtype=torch.int64))
     adv, grouping = ESTIMATORS[estimator](batch)
-    return AdvantageResult(adv.to(torch.float32), _stats_frame(batch, grouping), grouping.segments.code)
+    return AdvantageResult(adv.to(torch.float32), lambda: _stats_frame(batch, grouping), grouping.segments.code)
 
 
 def registered_estimators() -> list[str]:

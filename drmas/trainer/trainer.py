@@ -126,8 +126,11 @@ class Trainer:
             self.sink.write_step(step, metrics)
             last = metrics
             self._check_nonfinite(metrics, step)
-            if hasattr(bar, "set_postfix"):
+            if hasattr(bar, "set_postfix") and not getattr(bar, "disable", True):
                 bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", t=f"{metrics['timing/step']:.2f}s")
+            elif progress and (step % 10 == 0 or step + 1 == cfg.train.steps):  # no terminal: log lines
+                logger.info("step %d/%d reward %.3f (%.2fs/step)", step + 1, cfg.train.steps,
+                            metrics["reward/mean"], metrics["timing/step"])
             done = step + 1
             if cfg.train.eval_every and done % cfg.train.eval_every == 0 and done < cfg.train.steps:
                 self.evaluate(done)
