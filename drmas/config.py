@@ -241,7 +241,7 @@ def _list_index(node: list, part: str, item: str) -> int:
 
 def _read_yaml(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
     """A YAML mapping; a top-level ``base: other.yaml`` (relative to this file) is read first and this
-    file's keys are merged into it (mappings merge recursively, everything else replaces)."""
+    file's keys are merged into it (see :func:`_merge`)."""
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     if path.resolve() in seen:
@@ -259,9 +259,16 @@ def _read_yaml(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Merge ``over`` into ``base``: mappings recursively, unless ``over``'s mapping has ``_replace: true``
+    (then it replaces the base's, e.g. a sharing config's `models`); lists and values replace."""
     out = dict(base)
     for key, value in over.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        if isinstance(value, dict) and value.get("_replace"):
+            out[key] = {k: v for k, v in value.items() if k != "_replace"}
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
     return out
 
 

@@ -129,16 +129,22 @@ class SearchGenerated(TaskSource):
 
     trace_slots = {"single_agent": "agent"}
 
-    def __init__(self, kb: dict[str, Any] | None = None, hops: tuple[int, ...] = (1, 2), n_eval: int = 200,
-                 backend: str = "bm25", topk: int = 3, max_turns: int = 4, seed: int = 0):
+    def __init__(self, kb: dict[str, Any] | None = None, hops: tuple[int, ...] = (1, 2), backend: str = "bm25",
+                 topk: int = 3, max_turns: int = 4, server_url: str | None = None):
         from envs.search.generated import KBConfig, generate_kb
 
         self.kb = generate_kb(KBConfig(**(kb or {})))
-        self.hops, self.topk, self.max_turns, self.backend, self.n_eval = tuple(hops), topk, max_turns, backend, n_eval
-        self.seed = seed
+        self.hops, self.topk, self.max_turns, self.backend = tuple(hops), topk, max_turns, backend
+        self.server_url = server_url
 
     @cached_property
     def retriever(self):
+        """In-process index, or an HTTP client of a retrieval server serving the same corpus
+        (``python -m envs.search.server --corpus <kb corpus file>``) when ``server_url`` is set."""
+        if self.server_url:
+            from envs.search.client import RetrievalClient
+
+            return RetrievalClient(self.server_url, topk=self.topk)
         from envs.search.retriever import build_retriever
 
         return build_retriever(self.kb.corpus(), backend=self.backend)

@@ -9,6 +9,10 @@ Sharing: one model learns every role; non-sharing: each model learns its agent's
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +48,7 @@ def render_examples(records: list[dict[str, Any]], cfg: RunConfig, source: TaskS
 
 def warmup(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
     """Build and SFT every model whose ``path`` is missing; returns per-model SFT metrics."""
-    from drmas.models.factory import build_policy, count_parameters, save_policy
-    from drmas.models.sft import SFTConfig, sft_train
+    from drmas.models.sft import SFTConfig
     from drmas.models.tokenizer import load_tokenizer, save_tokenizer, train_bytelevel_bpe
 
     missing = [k for k, m in cfg.models.items() if m.path is None or not (Path(m.path) / "config.json").exists()]
@@ -55,15 +58,13 @@ def warmup(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
     sft = cfg.sft
     records = source.role_traces(sft.traces, seed=sft.seed)
     tok_dir = Path(sft.tokenizer_dir)
-    if (tok_dir / "tokenizer.json").exists():
-        tokenizer = load_tokenizer(tok_dir)
-    else:
+    if not (tok_dir / "tokenizer.json").exists():
         texts = []
         for key in cfg.models:
             texts += [p + t for p, t in render_examples(records, cfg, source, key)]
         tokenizer = train_bytelevel_bpe(texts, vocab_size=sft.vocab_size)
         save_tokenizer(tokenizer, tok_dir)
-    out: dict[str, Any] = {}
+    jobs = []
     for i, key in enumerate(missing):
         model_cfg = cfg.models[key]
         if model_cfg.path is None:
@@ -74,13 +75,44 @@ def warmup(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
         if not examples:
             raise ValueError(f"no SFT traces for the agents of model {key!r} "
                              f"({[a.name for a in cfg.agents_of(key)]}) in task source {cfg.env.name!r}")
-        model = build_policy(model_cfg.preset, tokenizer, seed=sft.seed + i)
-        logger.info("SFT warm-up of %s (%s, %d params) on %d examples", key, model_cfg.preset,
-                    count_parameters(model), len(examples))
-        metrics = sft_train(model, tokenizer, examples,
+        jobs.append(_SFTJob(key, model_cfg.preset, model_cfg.path, str(tok_dir), examples,
                             SFTConfig(lr=sft.lr, steps=sft.steps, batch_size=sft.batch_size, seed=sft.seed + i,
-                                      warmup_steps=sft.warmup_steps),
-                            progress=progress)
-        save_policy(model, tokenizer, model_cfg.path)
-        out[key] = {**metrics, "examples": len(examples), "params": count_parameters(model)}
-    return out
+                                      warmup_steps=sft.warmup_steps), cfg.train.threads))
+    workers = min(len(jobs), os.cpu_count() or 1)
+    if workers <= 1:
+        return dict(_run_sft_job(job, progress) for job in jobs)
+    # one process per model (1 torch thread each): two models on 2 cores take the time of one
+    logger.info("SFT warm-up of %d models in %d parallel processes", len(jobs), workers)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return dict(pool.map(_run_sft_job, jobs, [False] * len(jobs)))
+
+
+@dataclass(frozen=True)
+class _SFTJob:
+    key: str
+    preset: str
+    path: str
+    tokenizer_dir: str
+    examples: list[tuple[str, str]]
+    sft: Any
+    threads: int
+
+
+def _run_sft_job(job: _SFTJob, progress: bool) -> tuple[str, dict[str, Any]]:
+    """Build, fine-tune and save one model (runs in a worker process when several models warm up)."""
+    import torch
+
+    from drmas.models.factory import build_policy, count_parameters, save_policy
+    from drmas.models.sft import sft_train
+    from drmas.models.tokenizer import load_tokenizer
+
+    if job.threads:
+        torch.set_num_threads(job.threads)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    tokenizer = load_tokenizer(job.tokenizer_dir)
+    model = build_policy(job.preset, tokenizer, seed=job.sft.seed)
+    logger.info("SFT warm-up of %s (%s, %d params) on %d examples", job.key, job.preset, count_parameters(model),
+                len(job.examples))
+    metrics = sft_train(model, tokenizer, job.examples, job.sft, progress=progress)
+    save_policy(model, tokenizer, job.path)
+    return job.key, {**metrics, "examples": len(job.examples), "params": count_parameters(model)}
