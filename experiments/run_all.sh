@@ -33,9 +33,18 @@ if want theory && { [ -f analysis/theory/__main__.py ] || [ -f analysis/theory.p
   stage "theory: Lemma 4.2 / Proposition 4.3 checks"
   "$PY" -m analysis.theory --out results/theory
 fi
+if want train && [ "$SCALE" = cpu ]; then
+  stage "train: CPU math system (Solver <-> Verifier), non-sharing, Dr. MAS vs GRPO from the same SFT checkpoints"
+  for est in drmas trajectory_grpo; do
+    run="math_nonsharing_$est"
+    if [ -f "results/runs/cpu/$run/DONE" ]; then echo "[run_all] results/runs/cpu/$run complete: skipped"; continue; fi
+    "$PY" -m drmas.cli train experiments/configs/cpu/math_base.yaml name="$run" out_dir=results/runs/cpu \
+      algo.estimator="$est"
+  done
+fi
 if [ "$SCALE" = paper ]; then
   echo "[run_all] --scale paper needs GPU clusters (vLLM + OpenRLHF); not implemented yet in this version." >&2
 fi
 echo
-echo "[run_all] not yet implemented in this version: training grid (issue 5/6), tables and REPORT.md (issue 6)."
+echo "[run_all] not yet implemented in this version: the full experiment grid, tables and REPORT.md (issue 6)."
 echo "[run_all] done."

@@ -125,17 +125,23 @@ class MathDataset(MathGenerated):
 # -------------------------------------------------------------------------------------------- search
 @register_task_source("search_generated")
 class SearchGenerated(TaskSource):
-    """A generated knowledge base served by an in-process BM25 retriever; single- and 2-hop questions."""
+    """A generated knowledge base served by an in-process BM25 retriever (or a retrieval server);
+    single- and 2-hop questions split once into disjoint train and test questions."""
 
     trace_slots = {"single_agent": "agent"}
 
-    def __init__(self, kb: dict[str, Any] | None = None, hops: tuple[int, ...] = (1, 2), backend: str = "bm25",
-                 topk: int = 3, max_turns: int = 4, server_url: str | None = None):
-        from envs.search.generated import KBConfig, generate_kb
+    def __init__(self, kb: dict[str, Any] | None = None, hops: tuple[int, ...] = (1, 2), n_test: int = 200,
+                 backend: str = "bm25", topk: int = 3, max_turns: int = 4, server_url: str | None = None):
+        from envs.search.generated import KBConfig, count_questions, generate_kb, generate_splits
 
         self.kb = generate_kb(KBConfig(**(kb or {})))
         self.hops, self.topk, self.max_turns, self.backend = tuple(hops), topk, max_turns, backend
         self.server_url = server_url
+        n_train = count_questions(self.kb, self.hops) - n_test
+        if n_train < n_test:
+            raise ValueError(f"env.args.kb is too small: {n_train + n_test} questions for n_test={n_test}; "
+                             "enlarge kb.n_people / n_cities / n_companies")
+        self.train, self.test = generate_splits(self.kb, n_train, n_test, self.hops)
 
     @cached_property
     def retriever(self):
@@ -149,16 +155,12 @@ class SearchGenerated(TaskSource):
 
         return build_retriever(self.kb.corpus(), backend=self.backend)
 
-    def _tasks(self, n: int, seed: int) -> list[Task]:
-        from envs.search.generated import generate_tasks
-
-        return generate_tasks(self.kb, n, hops=self.hops, seed=seed)
-
     def train_tasks(self, step: int, n: int, seed: int) -> list[Task]:
-        return self._tasks(n, _step_seed(seed, step))
+        rng = np.random.default_rng(_step_seed(seed, step))
+        return [self.train[i] for i in rng.choice(len(self.train), size=n, replace=False)]
 
     def eval_sets(self, n: int) -> dict[str, list[Task]]:
-        return {"generated_kb": self._tasks(n, 10_007)}
+        return {"generated_kb": self.test[:n] if n else self.test}
 
     def make_env(self) -> Env:
         import envs.search  # noqa: F401  (registers the env)
@@ -166,6 +168,9 @@ class SearchGenerated(TaskSource):
         return make_env("search", retriever=self.retriever, max_turns=self.max_turns, topk=self.topk)
 
     def role_traces(self, n: int, seed: int) -> list[dict[str, Any]]:
+        """Traces of (up to) ``n`` training questions; test questions never enter SFT."""
         from envs.search.generated import build_traces
 
-        return build_traces(self._tasks(n, seed), self.retriever, topk=self.topk)
+        rng = np.random.default_rng(seed)
+        picked = rng.choice(len(self.train), size=min(n, len(self.train)), replace=False)
+        return build_traces([self.train[i] for i in picked], self.retriever, topk=self.topk)

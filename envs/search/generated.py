@@ -152,12 +152,21 @@ def _make_task(kb: KnowledgeBase, template: str, subject: str, task_id: str) -> 
                 meta={"template": template, "n_hops": len(chain), "hops": hops})
 
 
+def _question_pool(kb: KnowledgeBase, hops: Sequence[int]) -> list[tuple[str, str]]:
+    return [(t, s) for t, (_, chain) in TEMPLATES.items() if len(chain) in hops
+            for s in kb.entities[_SUBJECT_KIND[chain[0]]]]
+
+
+def count_questions(kb: KnowledgeBase, hops: Sequence[int] = (1, 2)) -> int:
+    """How many distinct questions the KB offers with the given hop counts."""
+    return len(_question_pool(kb, hops))
+
+
 def generate_tasks(kb: KnowledgeBase, n: int, hops: Sequence[int] = (1, 2), seed: int = 0,
                    id_prefix: str = "gen") -> list[Task]:
     """``n`` distinct questions (template, subject) drawn uniformly among the templates with the given hop
     counts; deterministic in ``(kb, n, hops, seed)``. Raises if ``n`` exceeds the distinct questions."""
-    pool = [(t, s) for t, (_, chain) in TEMPLATES.items() if len(chain) in hops
-            for s in kb.entities[_SUBJECT_KIND[chain[0]]]]
+    pool = _question_pool(kb, hops)
     if n > len(pool):
         raise ValueError(f"asked for {n} distinct questions but this KB has only {len(pool)} with hops={tuple(hops)}; "
                          f"lower n or enlarge KBConfig")
