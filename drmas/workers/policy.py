@@ -156,10 +156,11 @@ class PolicyWorker:
             per_step.append({**sums, "grad_norm": grad_norm, "skipped": float(not finite),
                              **{f"agent_grad_norm/{a}": v for a, v in tracker.norms.items()}})
         self.scheduler.step()
-        keys = {k for d in per_step for k in d}
-        for k in sorted(keys):
+        # gradient norms: the max over this step's optimizer steps (a spike must not be averaged away);
+        # everything else: the mean
+        for k in sorted({k for d in per_step for k in d}):
             values = [d[k] for d in per_step if k in d]
-            metrics[k] = float(np.mean(values)) if not k.endswith("grad_norm") and "grad_norm/" not in k else float(max(values))
+            metrics[k] = float(max(values) if "grad_norm" in k else np.mean(values))
         metrics["lr"] = float(self.scheduler.get_last_lr()[0])
         return metrics
 
