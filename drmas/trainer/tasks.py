@@ -45,6 +45,9 @@ class TaskSource(abc.ABC):
         """SFT warm-up records ``{role, task, context, target}`` (generated sources only)."""
         raise NotImplementedError(f"{type(self).__name__} has no SFT traces; give models a checkpoint `path`")
 
+    def close(self) -> None:
+        """Release tools (grader worker processes, ...)."""
+
 
 TASK_SOURCES: Registry[Callable[..., TaskSource]] = Registry("task source (env.name)")
 register_task_source = TASK_SOURCES.register  # class decorator
@@ -90,6 +93,10 @@ class MathGenerated(TaskSource):
         import envs.math  # noqa: F401  (registers the env)
 
         return make_env("math", grader=self.grader)
+
+    def close(self) -> None:
+        if "grader" in self.__dict__:  # only if it was ever built
+            self.grader.close()
 
     def role_traces(self, n: int, seed: int) -> list[dict[str, Any]]:
         from envs.math.generated import single_agent_traces, solver_traces, verifier_traces

@@ -209,6 +209,7 @@ class Trainer:
 
     def close(self) -> None:
         self.backend.close()
+        self.source.close()
 
 
 @contextmanager
