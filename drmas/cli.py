@@ -51,8 +51,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cfg = load_config(Path(args.run_dir) / "config.yaml", args.overrides)
     trainer = Trainer(cfg)
     try:
-        step = trainer._resume()
-        records = trainer.evaluate(step)
+        step = trainer.load_checkpoint()
+        if step == 0:
+            print(f"drmas: {args.run_dir} has no checkpoint yet; evaluating the initial models", file=sys.stderr)
+        records = trainer.evaluate(step, record=False)  # the run's eval.jsonl stays as training wrote it
     finally:
         trainer.close()
     print(json.dumps({k: {m: v[m] for m in ("avg", "pass", "k", "n_tasks")} for k, v in records.items()}, indent=2))

@@ -229,3 +229,19 @@ def test_step_table_rewards_penalty_and_select():
     both = StepTable.concat([t, sub])
     assert len(both) == 5 and both.response_len.tolist() == [1, 2, 1, 2, 1]
     assert set(StepTable.__dataclass_fields__) == {*ARRAY_COLUMNS, *LIST_COLUMNS}  # concat/select see every column
+
+
+def test_cli_data_prepare_math(shared_data, tmp_path, capsys):
+    from drmas.cli import main
+
+    assert main(["data", "prepare", "math", "--out", str(tmp_path)]) == 0
+    report = capsys.readouterr().out
+    assert '"overlap_rows_removed": 10' in report  # DAPO-17k holds 10 test problems
+    assert (tmp_path / "dapo17k.jsonl").exists() and (tmp_path / "aime24.jsonl").exists()
+
+
+def test_cli_reports_config_errors(capsys):
+    from drmas.cli import main
+
+    assert main(["train", "/nonexistent/config.yaml"]) == 2
+    assert "does not exist" in capsys.readouterr().err

@@ -63,6 +63,9 @@ def test_training_run_writes_metrics_eval_manifest(warm):
     assert manifest["effective_agents"]["verifier"]["model"] == "verifier_model"
     assert manifest["versions"]["torch"] and "git_commit" in manifest
     assert (cfg.run_dir / "DONE").exists()
+    from drmas.cli import main  # `drmas eval RUN_DIR` re-evaluates the latest checkpoint
+
+    assert main(["eval", str(cfg.run_dir)]) == 0
 
 
 def test_resume_gives_the_same_metrics_as_an_uninterrupted_run(warm):

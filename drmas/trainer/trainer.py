@@ -96,7 +96,8 @@ class Trainer:
                            table.advantage[rows].astype(np.float32), table.agent[rows], temps)
 
     # ------------------------------------------------------------------------------- evaluation
-    def evaluate(self, step: int) -> dict[str, Any]:
+    def evaluate(self, step: int, record: bool = True) -> dict[str, Any]:
+        """avg@k / pass@k on every evaluation set; ``record`` appends them to eval.jsonl."""
         cfg = self.cfg
         t0 = time.perf_counter()
         records = {}
@@ -105,7 +106,8 @@ class Trainer:
                                   self.eval_slots, self.backend.generators(), seed=10_000_019 + step)
             records[name] = evaluation_metrics(rollout, cfg.train.eval_samples)
         for name, rec in records.items():
-            self.sink.write_eval({"step": step, "benchmark": name, **rec})
+            if record:
+                self.sink.write_eval({"step": step, "benchmark": name, **rec})
         logger.info("eval step %d: %s (%.1fs)", step,
                     ", ".join(f"{k} avg@{cfg.train.eval_samples}={v['avg']:.3f} pass={v['pass']:.3f}" for k, v in records.items()),
                     time.perf_counter() - t0)
@@ -174,9 +176,9 @@ class Trainer:
         shutil.rmtree(old, ignore_errors=True)
         logger.info("checkpoint at step %d -> %s", step, self.ckpt_dir)
 
-    def _resume(self) -> int:
+    def load_checkpoint(self) -> int:
+        """Restore workers and trainer state from ``checkpoints/latest``; returns its step (0 if none)."""
         if not (self.ckpt_dir / "trainer.json").exists():
-            self.sink.truncate(after_step=-1)
             return 0
         state = json.loads((self.ckpt_dir / "trainer.json").read_text())
         self.backend.set_states({key: torch.load(self.ckpt_dir / f"worker_{key}.pt", weights_only=False)
@@ -185,9 +187,13 @@ class Trainer:
         for k, (hist, count) in state["spikes"].items():
             self.spikes[k].history.extend(hist)
             self.spikes[k].count = count
-        step = int(state["step"])
+        logger.info("loaded %s (step %d)", self.ckpt_dir, state["step"])
+        return int(state["step"])
+
+    def _resume(self) -> int:
+        """Continue from the latest checkpoint: records written after it (by a killed run) are dropped."""
+        step = self.load_checkpoint()
         self.sink.truncate(after_step=step - 1)
-        logger.info("resumed from %s at step %d", self.ckpt_dir, step)
         return step
 
     def _write_manifest(self) -> None:
