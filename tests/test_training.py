@@ -121,3 +121,33 @@ def test_ray_backend_matches_local(warm):
     for key in a[0]:
         if isinstance(a[0][key], float) and math.isfinite(a[0][key]):
             assert b[0][key] == pytest.approx(a[0][key], rel=1e-5, abs=1e-7), key
+
+
+def test_nonfinite_gradients_skip_the_step_then_stop_with_a_checkpoint(warm, monkeypatch):
+    """Fault injection: every advantage becomes inf, so every gradient is non-finite. Each step's optimizer
+    step is skipped and counted; after `max_nonfinite_skips` consecutive ones the run stops with a clear
+    message and a checkpoint, and the weights are untouched."""
+    import torch
+
+    import drmas.trainer.trainer as trainer_module
+    from drmas.models.factory import load_policy
+
+    real = trainer_module.compute_advantages
+
+    def poisoned(*args, **kwargs):
+        res = real(*args, **kwargs)
+        res.advantages = torch.full_like(res.advantages, float("inf"))
+        return res
+
+    monkeypatch.setattr(trainer_module, "compute_advantages", poisoned)
+    cfg = _config(warm, "nonfinite", "train.steps=5", "train.max_nonfinite_skips=2", "train.save_every=0")
+    t = Trainer(cfg)
+    with pytest.raises(trainer_module.NonFiniteStop, match="2 consecutive steps with a non-finite gradient"):
+        t.train(progress=False)
+    recs = _metrics(cfg.run_dir)
+    assert [r["wg/solver_model/skipped"] for r in recs] == [1.0, 1.0]
+    assert json.loads((t.ckpt_dir / "trainer.json").read_text())["step"] == 2
+    initial, _ = load_policy(f"{warm}/sft/solver")
+    for (name, p), q in zip(t.backend.workers["solver_model"].model.named_parameters(), initial.parameters()):
+        assert torch.equal(p, q), name
+    t.close()

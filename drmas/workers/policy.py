@@ -155,7 +155,8 @@ class PolicyWorker:
                 logger.warning("worker %s: non-finite gradient norm (%s); optimizer step skipped", self.spec.key, grad_norm)
             per_step.append({**sums, "grad_norm": grad_norm, "skipped": float(not finite),
                              **{f"agent_grad_norm/{a}": v for a, v in tracker.norms.items()}})
-        self.scheduler.step()
+        if any(not d["skipped"] for d in per_step):
+            self.scheduler.step()  # the warm-up counts RL steps that updated the weights
         # gradient norms: the max over this step's optimizer steps (a spike must not be averaged away);
         # everything else: the mean
         for k in sorted({k for d in per_step for k in d}):
