@@ -55,7 +55,7 @@ def _agent_reward_stats(table: StepTable, traj_reward: np.ndarray, traj_task: np
     return out
 
 
-def step_metrics(table: StepTable, rollout, adv_stats: pd.DataFrame, update: dict[str, dict[str, Any]],
+def step_metrics(table: StepTable, rollout, update: dict[str, dict[str, Any]],
                  timings: dict[str, float], spikes: dict[str, SpikeDetector]) -> dict[str, Any]:
     m: dict[str, Any] = {
         "reward/mean": float(rollout.traj_reward.mean()), "reward/std": float(rollout.traj_reward.std()),

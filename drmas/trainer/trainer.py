@@ -87,7 +87,7 @@ class Trainer:
         with _timed(timings, "update"):
             update = self.backend.update({wg: self._update_batch(table, wg) for wg in cfg.models},
                                          step_seed=cfg.train.seed * 7919 + step)
-        return step_metrics(table, rollout, adv.stats, update, timings, self.spikes)
+        return step_metrics(table, rollout, update, timings, self.spikes)
 
     def _update_batch(self, table, wg: str) -> UpdateBatch:
         rows = np.flatnonzero(table.wg == wg)
