@@ -58,8 +58,9 @@ class MathSingle(Orchestra):
         episodes.act(everyone, texts)
 
 
-def _history(episodes: Episodes, i: int) -> str:
-    return episodes.env.history(i)  # type: ignore[attr-defined]
+def _search_views(episodes: Episodes, idx: np.ndarray) -> list[AgentView]:
+    """Each episode's task with its search history (queries and <information> blocks so far)."""
+    return [AgentView(episodes.tasks[i], history=episodes.env.history(i)) for i in idx]  # type: ignore[attr-defined]
 
 
 class _TurnLimited(Orchestra):
@@ -82,17 +83,17 @@ class SearchHierarchy(_TurnLimited):
     def run(self, episodes: Episodes, call: CallFn) -> None:
         active = np.arange(len(episodes))
         for turn in range(self.max_turns):
-            views = [AgentView(episodes.tasks[i], history=_history(episodes, i)) for i in active]
+            views = _search_views(episodes, active)
             _, verdicts = call("verifier", active, views, turn=turn)
             enough = np.array([v.valid and v.action == "yes" for v in verdicts], bool)
             answering, searching = active[enough], active[~enough]
             if answering.size:
-                views = [AgentView(episodes.tasks[i], history=_history(episodes, i)) for i in answering]
+                views = _search_views(episodes, answering)
                 texts, _ = call("answer", answering, views, turn=turn)
                 episodes.act(answering, texts)
             if turn == self.max_turns - 1 or searching.size == 0:
                 break
-            views = [AgentView(episodes.tasks[i], history=_history(episodes, i)) for i in searching]
+            views = _search_views(episodes, searching)
             texts, _ = call("search", searching, views, turn=turn)
             dones = episodes.act(searching, texts)
             active = searching[~dones]
@@ -110,7 +111,7 @@ class SearchSingleAgent(_TurnLimited):
     def run(self, episodes: Episodes, call: CallFn) -> None:
         active = np.arange(len(episodes))
         for turn in range(self.max_turns):
-            views = [AgentView(episodes.tasks[i], history=_history(episodes, i)) for i in active]
+            views = _search_views(episodes, active)
             texts, _ = call("agent", active, views, turn=turn)
             dones = episodes.act(active, texts)
             active = active[~dones]

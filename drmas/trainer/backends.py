@@ -78,10 +78,11 @@ class RayBackend:
     def generators(self) -> dict[str, _RayGenerator]:
         return {key: _RayGenerator(actor) for key, actor in self.actors.items()}
 
-    def _all(self, call: Callable[[Any], Any]) -> dict[str, Any]:
+    def _all(self, call: Callable[[str, Any], Any]) -> dict[str, Any]:
+        """Start ``call(key, actor)`` on every worker group at once, then wait for all of them."""
         import ray
 
-        refs = {key: call(actor) for key, actor in self.actors.items()}
+        refs = {key: call(key, actor) for key, actor in self.actors.items()}
         try:
             return dict(zip(refs, ray.get(list(refs.values()))))
         except ray.exceptions.RayActorError as exc:
@@ -89,17 +90,10 @@ class RayBackend:
                                "resumes from its last checkpoint when started again") from exc
 
     def update(self, batches: dict[str, UpdateBatch], step_seed: int) -> dict[str, dict[str, Any]]:
-        import ray
-
-        refs = {key: self.actors[key].update.remote(batch, step_seed) for key, batch in batches.items()}
-        try:
-            return dict(zip(refs, ray.get(list(refs.values()))))
-        except ray.exceptions.RayActorError as exc:
-            raise RuntimeError(f"a worker-group actor died during the update ({exc}); the run stops here and "
-                               "resumes from its last checkpoint when started again") from exc
+        return self._all(lambda key, actor: actor.update.remote(batches[key], step_seed))
 
     def get_states(self) -> dict[str, dict]:
-        return self._all(lambda a: a.get_state.remote())
+        return self._all(lambda key, actor: actor.get_state.remote())
 
     def set_states(self, states: dict[str, dict]) -> None:
         import ray
