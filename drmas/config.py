@@ -47,12 +47,23 @@ class ModelConfig(Strict):
 
     preset: Optional[str] = Field("tiny", description="tiny-model preset built from config (CPU default)")
     path: Optional[str] = Field(None, description="checkpoint folder (SFT output or a real Qwen/Llama model)")
+    sft_roles: Optional[list[str]] = Field(
+        None, description="agent roles whose traces the SFT warm-up of a missing `path` trains on (default: the "
+                          "roles of this model's agents). Models that name the same `path` start from one "
+                          "checkpoint, as the paper's agents all start from one base model")
     optim: OptimConfig = OptimConfig()
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelConfig":
         if self.preset is None and self.path is None:
             raise ValueError("a model needs `preset` (tiny model from config) or `path` (a checkpoint)")
+        if self.sft_roles is not None:
+            from drmas.agents import AGENT_REGISTRY
+
+            unknown = [r for r in self.sft_roles if r not in AGENT_REGISTRY.names()]
+            if unknown or not self.sft_roles:
+                raise ValueError(f"sft_roles {self.sft_roles}: unknown or empty; registered agent roles: "
+                                 f"{sorted(AGENT_REGISTRY.names())}")
         return self
 
 

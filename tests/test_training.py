@@ -58,7 +58,11 @@ def test_training_run_writes_metrics_eval_manifest(warm):
     # non-sharing: each model's gradient is its single agent's contribution
     assert m["agent/solver/grad_norm"] == pytest.approx(m["wg/solver_model/grad_norm"], rel=1e-4)  # float32 sums
     evals = [json.loads(line) for line in (cfg.run_dir / "eval.jsonl").read_text().splitlines()]
-    assert [e["step"] for e in evals] == [0, 2] and all(0 <= e["avg"] <= e["pass"] <= 1 for e in evals)
+    assert sorted({e["step"] for e in evals}) == [0, 2] and all(0 <= e["avg"] <= e["pass"] <= 1 for e in evals)
+    for step in (0, 2):  # one record per benchmark (problem kind); together they cover the eval tasks
+        at = [e for e in evals if e["step"] == step]
+        assert sum(e["n_tasks"] for e in at) == 8 and all(e["benchmark"].startswith("d1-") for e in at)
+        assert all(len(e["successes"]) == e["n_tasks"] for e in at)
     manifest = json.loads((cfg.run_dir / "manifest.json").read_text())
     assert manifest["effective_agents"]["verifier"]["model"] == "verifier_model"
     assert manifest["versions"]["torch"] and "git_commit" in manifest

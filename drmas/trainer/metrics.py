@@ -96,10 +96,11 @@ def step_metrics(table: StepTable, rollout, update: dict[str, dict[str, Any]],
     return m
 
 
-def evaluation_metrics(rollout, k: int) -> dict[str, Any]:
+def evaluation_metrics(traj_reward: np.ndarray, k: int) -> dict[str, Any]:
     """avg@k (mean success over the k samples of each task, averaged over tasks) and pass@k (any
-    success among the k), with the per-task success counts for bootstrap CIs."""
-    success = (rollout.traj_reward > 0.5).reshape(-1, k)
+    success among the k), with the per-task success counts for bootstrap CIs. ``traj_reward`` is
+    task-major: the k samples of a task are adjacent."""
+    success = (np.asarray(traj_reward) > 0.5).reshape(-1, k)
     per_task = success.sum(1)
     return {"avg": float(success.mean()), "pass": float((per_task > 0).mean()), "k": k,
             "n_tasks": int(success.shape[0]), "successes": per_task.tolist()}

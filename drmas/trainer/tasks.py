@@ -26,8 +26,13 @@ logger = logging.getLogger(__name__)
 
 
 class TaskSource(abc.ABC):
-    #: record role -> agent slot, for SFT traces whose role name differs from the orchestra's slot
-    trace_slots: dict[str, str] = {}
+    #: SFT trace record ``(system, role)`` -> the registered agent role that renders its prompt
+    #: (``system`` is "" for sources whose records carry none)
+    trace_roles: dict[tuple[str, str], str] = {}
+
+    def agent_role_of(self, record: dict[str, Any]) -> str | None:
+        """The agent role (``drmas.agents`` registry name) whose prompt an SFT trace record teaches."""
+        return self.trace_roles.get((record.get("system", ""), record["role"]))
 
     @abc.abstractmethod
     def train_tasks(self, step: int, n: int, seed: int) -> list[Task]:
@@ -66,6 +71,9 @@ def _step_seed(seed: int, step: int) -> int:
 class MathGenerated(TaskSource):
     """Generated problems of a given difficulty; evaluation on a fixed held-out seed."""
 
+    trace_roles = {("solver_verifier", "solver"): "math_solver", ("solver_verifier", "verifier"): "math_verifier",
+                   ("single_agent", "solver"): "math_single"}
+
     def __init__(self, difficulty: int = 1, operand_digits: int = 2, kinds: tuple[str, ...] = ("word", "expr", "linear"),
                  eval_seed: int = 10_007, grader_timeout_s: float = 5.0, error_rate: float = 0.2):
         self.difficulty, self.operand_digits, self.kinds = difficulty, operand_digits, tuple(kinds)
@@ -81,7 +89,11 @@ class MathGenerated(TaskSource):
         return self._generate(n, _step_seed(seed, step))
 
     def eval_sets(self, n: int) -> dict[str, list[Task]]:
-        return {f"generated_d{self.difficulty}": self._generate(n, self.eval_seed)}
+        """One held-out set of ``n`` tasks, reported per problem kind (the CPU stand-in for the paper's
+        benchmark columns; the Average row is their mean)."""
+        tasks = self._generate(n, self.eval_seed)
+        return {f"d{self.difficulty}-{kind}": [t for t in tasks if t.meta["kind"] == kind]
+                for kind in self.kinds if any(t.meta["kind"] == kind for t in tasks)}
 
     @cached_property
     def grader(self):
@@ -135,7 +147,8 @@ class SearchGenerated(TaskSource):
     """A generated knowledge base served by an in-process BM25 retriever (or a retrieval server);
     single- and 2-hop questions split once into disjoint train and test questions."""
 
-    trace_slots = {"single_agent": "agent"}
+    trace_roles = {("", "verifier"): "search_verifier", ("", "search"): "search_searcher",
+                   ("", "answer"): "search_answerer", ("", "single_agent"): "search_single"}
 
     def __init__(self, kb: dict[str, Any] | None = None, hops: tuple[int, ...] = (1, 2), n_test: int = 200,
                  backend: str = "bm25", topk: int = 3, max_turns: int = 4, server_url: str | None = None):
@@ -167,7 +180,11 @@ class SearchGenerated(TaskSource):
         return [self.train[i] for i in rng.choice(len(self.train), size=n, replace=False)]
 
     def eval_sets(self, n: int) -> dict[str, list[Task]]:
-        return {"generated_kb": self.test[:n] if n else self.test}
+        """The first ``n`` held-out questions, reported by number of hops (1-hop ~ NQ-style, 2-hop ~
+        HotpotQA-style; the Average row is their mean)."""
+        tasks = self.test[:n] if n else self.test
+        return {f"kb-{h}hop": [t for t in tasks if t.meta["n_hops"] == h]
+                for h in self.hops if any(t.meta["n_hops"] == h for t in tasks)}
 
     def make_env(self) -> Env:
         import envs.search  # noqa: F401  (registers the env)

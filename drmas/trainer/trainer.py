@@ -100,11 +100,14 @@ class Trainer:
         """avg@k / pass@k on every evaluation set; ``record`` appends them to eval.jsonl."""
         cfg = self.cfg
         t0 = time.perf_counter()
-        records = {}
-        for name, tasks in self.source.eval_sets(cfg.train.eval_tasks).items():
-            rollout = run_rollout(tasks, cfg.train.eval_samples, self.orchestra, self.source.make_env,
-                                  self.eval_slots, self.backend.generators(), seed=10_000_019 + step)
-            records[name] = evaluation_metrics(rollout, cfg.train.eval_samples)
+        k = cfg.train.eval_samples
+        sets = self.source.eval_sets(cfg.train.eval_tasks)
+        tasks = [t for ts in sets.values() for t in ts]  # one batched rollout for every benchmark
+        rollout = run_rollout(tasks, k, self.orchestra, self.source.make_env, self.eval_slots,
+                              self.backend.generators(), seed=10_000_019 + step)
+        bounds = np.cumsum([0] + [len(ts) for ts in sets.values()]) * k  # trajectories are task-major
+        records = {name: evaluation_metrics(rollout.traj_reward[lo:hi], k)
+                   for name, lo, hi in zip(sets, bounds[:-1], bounds[1:])}
         for name, rec in records.items():
             if record:
                 self.sink.write_eval({"step": step, "benchmark": name, **rec})

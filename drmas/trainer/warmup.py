@@ -1,10 +1,12 @@
 """SFT warm-up of tiny models from scratch (the CPU embedded default).
 
-For every model of a run whose checkpoint ``path`` does not exist yet: train a byte-level BPE tokenizer
-on the task source's role traces (one tokenizer per task source, cached), build a Qwen2-architecture
-policy of the model's ``preset``, fine-tune it on the traces of the agents mapped to it, rendered with
-those agents' own prompts (so RL sees exactly the formats SFT taught), and save it to ``path``.
-Sharing: one model learns every role; non-sharing: each model learns its agent's role.
+For every checkpoint ``path`` of a run that does not exist yet: train a byte-level BPE tokenizer on the
+task source's role traces (one tokenizer per task source, cached), build a Qwen2-architecture policy of
+the model's ``preset``, fine-tune it on the traces of its roles (``sft_roles``, default: the roles of
+the agents mapped to it), each rendered with that role's own prompt (so RL sees exactly the formats SFT
+taught), and save it to ``path``. Models naming the same path share one SFT run: the CPU grid gives
+every agent of every setting one base checkpoint that knows all roles, as the paper starts every agent
+from the same pre-trained model.
 """
 from __future__ import annotations
 
@@ -31,58 +33,83 @@ def _task(obj: Any) -> Task:
                 source=obj.get("source", ""), meta=obj.get("meta", {}))
 
 
-def render_examples(records: list[dict[str, Any]], cfg: RunConfig, source: TaskSource, model_key: str) -> list[tuple[str, str]]:
-    """(prompt, target) pairs for the agents of ``model_key``, prompts rendered by those agents."""
-    agents = {a.name: make_agent(a.role, a.name) for a in cfg.agents_of(model_key)}
+def model_roles(cfg: RunConfig, model_key: str) -> list[str]:
+    """The agent roles a model's SFT warm-up teaches: its ``sft_roles``, else the roles of its agents."""
+    roles = cfg.models[model_key].sft_roles
+    return list(roles) if roles else list(dict.fromkeys(a.role for a in cfg.agents_of(model_key)))
+
+
+def render_examples(records: list[dict[str, Any]], roles: list[str], source: TaskSource) -> list[tuple[str, str]]:
+    """(prompt, target) pairs of the records whose agent role is in ``roles``, each prompt rendered by an
+    agent of that role (so RL sees exactly the formats SFT taught)."""
+    agents = {role: make_agent(role, role) for role in roles}
     examples = []
     for rec in records:
-        slot = source.trace_slots.get(rec["role"], rec["role"])
-        if slot not in agents:
+        role = source.agent_role_of(rec)
+        if role not in agents:
             continue
         context = rec.get("context", {})
         team = {k: v for k, v in context.items() if isinstance(v, str) and k != "history_text"}
         view = AgentView(_task(rec["task"]), history=context.get("history_text", ""), team=team)
-        examples.append((agents[slot].prompt(view), rec["target"]))
+        examples.append((agents[role].prompt(view), rec["target"]))
     return examples
 
 
-def warmup(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
-    """Build and SFT every model whose ``path`` is missing; returns per-model SFT metrics."""
-    from drmas.models.sft import SFTConfig
-    from drmas.models.tokenizer import load_tokenizer, save_tokenizer, train_bytelevel_bpe
+def _checkpoints_to_build(cfg: RunConfig) -> dict[str, tuple[str, list[str], list[str]]]:
+    """Missing checkpoint path -> (preset, roles, model keys). Models naming one path share one SFT run
+    and must agree on the preset and roles."""
+    plan: dict[str, tuple[str, list[str], list[str]]] = {}
+    for key, m in cfg.models.items():
+        if m.path is None:
+            raise ValueError(f"models.{key}.path: set where the warmed-up checkpoint goes")
+        if (Path(m.path) / "config.json").exists():
+            continue
+        if not m.preset:
+            raise ValueError(f"models.{key}: checkpoint {m.path} is missing and no `preset` is set to build one")
+        roles = model_roles(cfg, key)
+        if m.path in plan:
+            preset, other_roles, keys = plan[m.path]
+            if (preset, sorted(other_roles)) != (m.preset, sorted(roles)):
+                raise ValueError(f"models {keys[0]!r} and {key!r} share path {m.path} but would warm it up "
+                                 f"differently (preset {preset} vs {m.preset}, roles {other_roles} vs {roles}); "
+                                 "give them the same `preset` and `sft_roles`, or different paths")
+            keys.append(key)
+        else:
+            plan[m.path] = (m.preset, roles, [key])
+    return plan
 
-    missing = [k for k, m in cfg.models.items() if m.path is None or not (Path(m.path) / "config.json").exists()]
-    if not missing:
+
+def warmup(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
+    """Build and SFT every missing checkpoint (once per path); returns per-checkpoint SFT metrics."""
+    from drmas.models.sft import SFTConfig
+    from drmas.models.tokenizer import save_tokenizer, train_bytelevel_bpe
+
+    plan = _checkpoints_to_build(cfg)
+    if not plan:
         return {}
     source = make_task_source(cfg.env.name, **cfg.env.args)
     sft = cfg.sft
     records = source.role_traces(sft.traces, seed=sft.seed)
     tok_dir = Path(sft.tokenizer_dir)
     if not (tok_dir / "tokenizer.json").exists():
-        texts = []
-        for key in cfg.models:
-            texts += [p + t for p, t in render_examples(records, cfg, source, key)]
+        # every role of the task source: one tokenizer serves every checkpoint of the source
+        all_roles = sorted({r for rec in records if (r := source.agent_role_of(rec))})
+        texts = [p + t for p, t in render_examples(records, all_roles, source)]
         tokenizer = train_bytelevel_bpe(texts, vocab_size=sft.vocab_size)
         save_tokenizer(tokenizer, tok_dir)
     jobs = []
-    for i, key in enumerate(missing):
-        model_cfg = cfg.models[key]
-        if model_cfg.path is None:
-            raise ValueError(f"models.{key}.path: set where the warmed-up checkpoint goes")
-        if not model_cfg.preset:
-            raise ValueError(f"models.{key}: checkpoint {model_cfg.path} is missing and no `preset` is set to build one")
-        examples = render_examples(records, cfg, source, key)
+    for i, (path, (preset, roles, keys)) in enumerate(plan.items()):
+        examples = render_examples(records, roles, source)
         if not examples:
-            raise ValueError(f"no SFT traces for the agents of model {key!r} "
-                             f"({[a.name for a in cfg.agents_of(key)]}) in task source {cfg.env.name!r}")
-        jobs.append(_SFTJob(key, model_cfg.preset, model_cfg.path, str(tok_dir), examples,
+            raise ValueError(f"no SFT traces for roles {roles} (models {keys}) in task source {cfg.env.name!r}")
+        jobs.append(_SFTJob("+".join(keys), preset, path, str(tok_dir), examples,
                             SFTConfig(lr=sft.lr, steps=sft.steps, batch_size=sft.batch_size, seed=sft.seed + i,
                                       warmup_steps=sft.warmup_steps), cfg.train.threads))
     workers = min(len(jobs), os.cpu_count() or 1)
     if workers <= 1:
         return dict(_run_sft_job(job, progress) for job in jobs)
-    # one process per model (1 torch thread each): two models on 2 cores take the time of one
-    logger.info("SFT warm-up of %d models in %d parallel processes", len(jobs), workers)
+    # one process per checkpoint (1 torch thread each): two checkpoints on 2 cores take the time of one
+    logger.info("SFT warm-up of %d checkpoints in %d parallel processes", len(jobs), workers)
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         return dict(pool.map(_run_sft_job, jobs, [False] * len(jobs)))
 
