@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
 # The main job: regenerate the suite's results on this machine (default: CPU scale, the embedded default).
-#   bash experiments/run_all.sh [--scale cpu|paper] [--only STAGE[,STAGE...]]
-# Sets up the environment itself (idempotent). Each stage writes under results/ and paper_figures/;
-# stages that are already complete are skipped by the stage itself (resumable).
+#   bash experiments/run_all.sh [--scale cpu|paper] [--only STAGE[,STAGE...]] [--seeds N] [--runs PATTERN] [--jobs N]
+# Stages: bench, theory, train (the grid experiments/grids/<scale>.yaml), analysis. Sets up the environment
+# itself (idempotent). Resumable: complete runs are skipped, interrupted runs resume from their checkpoint.
+#   --seeds N      seeds per grid entry (default: the grid's own; the CPU grid uses 2 for the main settings)
+#   --runs PATTERN only runs whose names match (fnmatch, comma-separated), e.g. 'math_*'
+#   --jobs N       runs at a time (default 2: one per core, one torch thread each)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SCALE=cpu
 ONLY=""
+SEEDS=""
+RUNS=""
+JOBS=2
 while [ $# -gt 0 ]; do
   case "$1" in
     --scale) SCALE="$2"; shift 2 ;;
     --only) ONLY="$2"; shift 2 ;;
-    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
+    --seeds) SEEDS="$2"; shift 2 ;;
+    --runs) RUNS="$2"; shift 2 ;;
+    --jobs) JOBS="$2"; shift 2 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "run_all.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -24,27 +33,30 @@ export PYTHONHASHSEED=0
 want() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
 stage() { echo; echo "==== [run_all] stage: $1 ($(date +%H:%M:%S))"; }
 
+done_already() { echo "[run_all] $1 exists: stage complete, skipped (delete it to redo the stage)"; }
+
 if want bench; then
   stage "bench: vectorized advantages vs per-row loops (ratios measured in this run)"
-  mkdir -p results/bench
-  "$PY" benchmarks/bench_advantages.py | tee results/bench/advantages.txt
+  if [ -s results/bench/advantages.txt ]; then done_already results/bench/advantages.txt; else
+    mkdir -p results/bench
+    "$PY" benchmarks/bench_advantages.py > results/bench/advantages.txt.tmp
+    mv results/bench/advantages.txt.tmp results/bench/advantages.txt && cat results/bench/advantages.txt
+  fi
 fi
-if want theory && { [ -f analysis/theory/__main__.py ] || [ -f analysis/theory.py ]; }; then
+if want theory; then
   stage "theory: Lemma 4.2 / Proposition 4.3 checks"
-  "$PY" -m analysis.theory --out results/theory
+  if [ -s results/theory/summary.md ]; then done_already results/theory/summary.md; else
+    "$PY" -m analysis.theory --out results/theory
+  fi
 fi
-if want train && [ "$SCALE" = cpu ]; then
-  stage "train: CPU math system (Solver <-> Verifier), non-sharing, Dr. MAS vs GRPO from the same SFT checkpoints"
-  for est in drmas trajectory_grpo; do
-    run="math_nonsharing_$est"
-    if [ -f "results/runs/cpu/$run/DONE" ]; then echo "[run_all] results/runs/cpu/$run complete: skipped"; continue; fi
-    "$PY" -m drmas.cli train experiments/configs/cpu/math_base.yaml name="$run" out_dir=results/runs/cpu \
-      algo.estimator="$est"
-  done
+GRID="experiments/grids/$SCALE.yaml"
+if want train; then
+  stage "train: the $SCALE grid ($GRID): SFT warm-up of the base checkpoints, then every run not yet complete"
+  "$PY" -m experiments.grid run "$GRID" --jobs "$JOBS" ${SEEDS:+--seeds "$SEEDS"} ${RUNS:+--only "$RUNS"}
 fi
-if [ "$SCALE" = paper ]; then
-  echo "[run_all] --scale paper needs GPU clusters (vLLM + OpenRLHF); not implemented yet in this version." >&2
+if want analysis; then
+  stage "analysis: tables, figures, statistics and results/REPORT.md from $(grep '^out_dir:' "$GRID" | cut -d' ' -f2)"
+  "$PY" -m analysis.report --runs "$(grep '^out_dir:' "$GRID" | cut -d' ' -f2)" --out results --figures paper_figures
 fi
 echo
-echo "[run_all] not yet implemented in this version: the full experiment grid, tables and REPORT.md (issue 6)."
 echo "[run_all] done."

@@ -1,0 +1,281 @@
+"""Experiment grids and ablation sweeps: a resumable runner of ``drmas train`` jobs.
+
+    python -m experiments.grid run experiments/grids/cpu.yaml [--seeds N] [--only PATTERN] [--jobs 2]
+    python -m experiments.grid list experiments/grids/cpu.yaml
+    python -m experiments.grid sweep CONFIG --set algo.estimator=drmas,trajectory_grpo --set train.group_size=4,8
+                                   [--seeds N] [--name NAME] [--out results/runs/sweeps]
+
+A grid spec (YAML) names the checkpoints to warm up first (``sft``: configs whose missing model paths are
+SFT'd) and the runs: each entry is a config, overrides, seeds and the tags the analysis groups by (task,
+setting, estimator, assignment, table). A run directory is ``out_dir/<name>_s<seed>``; a run whose
+directory holds ``DONE`` is complete and is skipped, a run with a checkpoint resumes from it (``drmas
+train`` does that), so the runner can be interrupted and restarted at any point. Runs execute as
+subprocesses, ``--jobs`` at a time (one torch thread each: on 2 cores, two runs take the time of one).
+``index.json`` in ``out_dir`` lists every run with its tags, status and wall time; it is rewritten
+atomically after each run finishes.
+
+A sweep is a grid generated from one config and the cartesian product of ``--set key=v1,v2,...``:
+any config key can be swept (normalization variants, group size, learning rate, sharing via ``models``).
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import itertools
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+logger = logging.getLogger("experiments.grid")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Run:
+    """One training run of the grid."""
+
+    name: str
+    """run directory name: ``<entry name>_s<seed>``"""
+    config: str
+    """config file (relative to the repository root)"""
+    overrides: list[str]
+    """``key.sub=value`` overrides (seed, name and out_dir are added by the runner)"""
+    seed: int
+    tags: dict[str, Any] = field(default_factory=dict)
+    """what the analysis groups by: task, setting, estimator, assignment, table, ..."""
+
+    def command(self, out_dir: Path) -> list[str]:
+        return [sys.executable, "-m", "drmas.cli", "train", self.config, f"name={self.name}", f"out_dir={out_dir}",
+                f"train.seed={self.seed}", *self.overrides, "--no-progress"]
+
+
+@dataclass
+class Grid:
+    name: str
+    out_dir: Path
+    sft: list[str]
+    runs: list[Run]
+    requires_gpu: bool = False
+
+
+class GridError(ValueError):
+    """A malformed grid spec or sweep request (the message names the entry and the fix)."""
+
+
+def load_grid(path: str | Path, seeds: int | None = None) -> Grid:
+    """Read a grid spec; ``seeds`` (if given) replaces every entry's seed list by ``range(seeds)``."""
+    path = Path(path)
+    if not path.is_file():
+        raise GridError(f"grid spec {path} does not exist")
+    spec = yaml.safe_load(path.read_text()) or {}
+    unknown = set(spec) - {"name", "out_dir", "sft", "runs", "requires_gpu", "defaults"}
+    if unknown:
+        raise GridError(f"{path}: unknown top-level keys {sorted(unknown)}")
+    defaults = spec.get("defaults", {})
+    runs = []
+    for i, entry in enumerate(spec.get("runs", [])):
+        entry = {**defaults, **entry}
+        missing = {"name", "config"} - set(entry)
+        if missing:
+            raise GridError(f"{path}: runs[{i}] lacks {sorted(missing)}")
+        config = entry["config"]
+        if not (ROOT / config).is_file():
+            raise GridError(f"{path}: runs[{i}] ({entry['name']}): config {config} does not exist")
+        entry_seeds = list(range(seeds)) if seeds else list(entry.get("seeds", [0]))
+        for seed in entry_seeds:
+            runs.append(Run(name=f"{entry['name']}_s{seed}", config=config, overrides=list(entry.get("overrides", [])),
+                            seed=int(seed), tags={**entry.get("tags", {}), "entry": entry["name"], "seed": int(seed)}))
+    names = [r.name for r in runs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise GridError(f"{path}: duplicate run names {dupes}; give each entry a unique name")
+    return Grid(name=spec.get("name", path.stem), out_dir=Path(spec.get("out_dir", f"results/runs/{path.stem}")),
+                sft=list(spec.get("sft", [])), runs=runs, requires_gpu=bool(spec.get("requires_gpu", False)))
+
+
+def sweep_grid(config: str, sets: list[str], seeds: int, name: str, out: str) -> Grid:
+    """The cartesian product of ``--set key=v1,v2`` values over one config (one run per combination and seed)."""
+    axes: list[tuple[str, list[str]]] = []
+    for item in sets:
+        if "=" not in item:
+            raise GridError(f"--set {item!r} must look like key.sub=value1,value2")
+        key, values = item.split("=", 1)
+        axes.append((key, [v for v in _split_values(values)]))
+    runs = []
+    for combo in itertools.product(*[[(k, v) for v in vs] for k, vs in axes]) if axes else [()]:
+        label = "-".join(f"{k.split('.')[-1]}={v}" for k, v in combo) or "base"
+        label = "".join(c if c.isalnum() or c in "-_=.," else "_" for c in label)
+        for seed in range(seeds):
+            runs.append(Run(name=f"{label}_s{seed}", config=config, overrides=[f"{k}={v}" for k, v in combo], seed=seed,
+                            tags={"entry": label, "seed": seed, **{k: v for k, v in combo}}))
+    return Grid(name=name, out_dir=Path(out) / name, sft=[config], runs=runs)
+
+
+def _split_values(text: str) -> list[str]:
+    """``a,b,[1, 2],c`` -> ["a", "b", "[1, 2]", "c"] (commas inside brackets/braces stay)."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        depth += 1 if ch in "[{" else -1 if ch in "]}" else 0
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    out.append(cur)
+    return [v.strip() for v in out if v.strip()]
+
+
+# ------------------------------------------------------------------------------------------ running
+def run_status(run_dir: Path) -> str:
+    if (run_dir / "DONE").exists():
+        return "done"
+    if (run_dir / "checkpoints" / "latest").exists():
+        return "partial"
+    return "todo"
+
+
+def write_index(grid: Grid, timings: dict[str, float], failed: dict[str, str]) -> Path:
+    """``out_dir/index.json``: every run with its tags, status and wall time (atomic rewrite)."""
+    out = grid.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    previous = {}
+    if (out / "index.json").exists():
+        previous = {r["run"]: r for r in json.loads((out / "index.json").read_text()).get("runs", [])}
+    rows = []
+    for run in grid.runs:
+        status = "failed" if run.name in failed else run_status(out / run.name)
+        seconds = timings.get(run.name, previous.get(run.name, {}).get("seconds"))
+        rows.append({"run": run.name, "config": run.config, "overrides": run.overrides, **run.tags,
+                     "status": status, "seconds": seconds, **({"error": failed[run.name]} if run.name in failed else {})})
+    tmp = out / "index.json.tmp"
+    tmp.write_text(json.dumps({"grid": grid.name, "runs": rows}, indent=1))
+    os.replace(tmp, out / "index.json")
+    return out / "index.json"
+
+
+def _warm_up(grid: Grid) -> None:
+    """SFT of the grid's missing base checkpoints, all configs at once (each ``drmas sft`` also runs its
+    own checkpoints in parallel processes); a config whose checkpoints exist returns at once."""
+    procs = []
+    for config in grid.sft:
+        cmd = [sys.executable, "-m", "drmas.cli", "sft", config, "--no-progress"]
+        log = grid.out_dir / "logs" / f"sft_{Path(config).stem}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        logger.info("[grid] SFT warm-up: %s (log: %s)", config, log)
+        procs.append((config, log, subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)))
+    for config, log, proc in procs:
+        if proc.wait() != 0:
+            raise RuntimeError(f"SFT warm-up of {config} failed (exit {proc.returncode}); see {log}")
+
+
+def run_grid(grid: Grid, jobs: int = 2, only: str | None = None, dry_run: bool = False) -> dict[str, str]:
+    """Run every incomplete run of ``grid`` (``only``: fnmatch pattern(s) on run names, comma-separated).
+    Returns run name -> error for the runs that failed; the others are complete."""
+    if grid.requires_gpu and not dry_run:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise GridError(f"grid {grid.name!r} needs GPUs (vLLM + OpenRLHF workers) and none is visible; run it "
+                            "on a cluster (docs/gpu.md) or pass --dry-run to list its commands")
+    patterns = [p for p in (only or "").split(",") if p]
+    selected = [r for r in grid.runs if not patterns or any(fnmatch.fnmatch(r.name, p) for p in patterns)]
+    todo = [r for r in selected if run_status(grid.out_dir / r.name) != "done"]
+    for r in selected:
+        if r not in todo:
+            logger.info("[grid] %s complete: skipped", r.name)
+    if dry_run:
+        for r in todo:
+            print(" ".join(r.command(grid.out_dir)))
+        return {}
+    if not todo:
+        write_index(grid, {}, {})
+        return {}
+    _warm_up(grid)
+    timings: dict[str, float] = {}
+    failed: dict[str, str] = {}
+    running: list[tuple[Run, subprocess.Popen, float, Path]] = []
+    queue = list(todo)
+    t_start = time.perf_counter()
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    while queue or running:
+        while queue and len(running) < jobs:
+            run = queue.pop(0)
+            log = grid.out_dir / "logs" / f"{run.name}.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            proc = subprocess.Popen(run.command(grid.out_dir), cwd=ROOT, env=env, stdout=log.open("a"),
+                                    stderr=subprocess.STDOUT)
+            running.append((run, proc, time.perf_counter(), log))
+            logger.info("[grid] start %s (%d/%d; log %s)", run.name, len(todo) - len(queue), len(todo), log)
+        time.sleep(1.0)
+        for item in list(running):
+            run, proc, t0, log = item
+            if proc.poll() is None:
+                continue
+            running.remove(item)
+            timings[run.name] = time.perf_counter() - t0
+            if proc.returncode != 0:
+                tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
+                failed[run.name] = f"exit {proc.returncode}: {tail[0][:300]}"
+                logger.error("[grid] %s FAILED (%s); log: %s", run.name, failed[run.name], log)
+            done = len(todo) - len(queue) - len(running)
+            elapsed = time.perf_counter() - t_start
+            eta = elapsed / done * (len(todo) - done) if done else float("nan")
+            logger.info("[grid] %s finished in %.0fs - %d/%d runs done, %.1f min elapsed, ~%.1f min left",
+                        run.name, timings[run.name], done, len(todo), elapsed / 60, eta / 60)
+            write_index(grid, timings, failed)
+    write_index(grid, timings, failed)
+    return failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.grid", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("run", "list"):
+        p = sub.add_parser(name)
+        p.add_argument("spec")
+        p.add_argument("--seeds", type=int, default=None, help="seeds per entry (default: the spec's)")
+        p.add_argument("--only", default=None, help="fnmatch pattern(s) on run names, comma-separated")
+        p.add_argument("--jobs", type=int, default=2, help="runs at a time")
+        p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    p = sub.add_parser("sweep", help="cartesian product of --set values over one config")
+    p.add_argument("config")
+    p.add_argument("--set", dest="sets", action="append", default=[], help="key.sub=v1,v2,... (repeatable)")
+    p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--name", default=None, help="sweep name (default: from the config and keys)")
+    p.add_argument("--out", default="results/runs/sweeps")
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--only", default=None)
+    p.add_argument("--dry-run", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    try:
+        if args.command == "sweep":
+            name = args.name or Path(args.config).stem + "".join(f"-{s.split('=')[0].split('.')[-1]}" for s in args.sets)
+            grid = sweep_grid(args.config, args.sets, args.seeds, name, args.out)
+        else:
+            grid = load_grid(args.spec, args.seeds)
+        if args.command == "list":
+            for r in grid.runs:
+                print(f"{run_status(grid.out_dir / r.name):8s} {r.name:40s} {r.config} {' '.join(r.overrides)}")
+            return 0
+        failed = run_grid(grid, jobs=args.jobs, only=args.only, dry_run=args.dry_run)
+    except GridError as exc:
+        print(f"experiments.grid: {exc}", file=sys.stderr)
+        return 2
+    if failed:
+        print(f"experiments.grid: {len(failed)} run(s) failed: {sorted(failed)}; rerun to retry them", file=sys.stderr)
+        return 1
+    print(f"[grid] {grid.name}: all runs complete in {grid.out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""The grid runner (experiments/grid.py): spec validation, sweeps, and a two-run miniature of the CPU grid
+that is interrupted with SIGKILL and restarted (nothing finished is redone, nothing is corrupt)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from experiments.grid import ROOT, GridError, _split_values, load_grid, run_status, sweep_grid
+
+
+def _write(path: Path, data) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_load_grid_expands_seeds_and_tags(tmp_path):
+    spec = _write(tmp_path / "g.yaml", {
+        "name": "g", "out_dir": str(tmp_path / "runs"), "defaults": {"seeds": [0, 1]},
+        "runs": [{"name": "a", "config": "experiments/configs/cpu/math_base.yaml", "overrides": ["algo.estimator=drmas"],
+                  "tags": {"task": "math", "setting": "nonsharing_drmas"}},
+                 {"name": "b", "config": "experiments/configs/cpu/math_single.yaml", "seeds": [3]}]})
+    grid = load_grid(spec)
+    assert [r.name for r in grid.runs] == ["a_s0", "a_s1", "b_s3"]
+    assert grid.runs[1].tags == {"task": "math", "setting": "nonsharing_drmas", "entry": "a", "seed": 1}
+    cmd = grid.runs[1].command(grid.out_dir)
+    assert "train.seed=1" in cmd and "algo.estimator=drmas" in cmd and "name=a_s1" in cmd
+    assert [r.name for r in load_grid(spec, seeds=3).runs] == ["a_s0", "a_s1", "a_s2", "b_s0", "b_s1", "b_s2"]
+
+
+@pytest.mark.parametrize("spec, match", [
+    ({"runs": [{"name": "a"}]}, r"runs\[0\] lacks \['config'\]"),
+    ({"runs": [{"name": "a", "config": "nope.yaml"}]}, "config nope.yaml does not exist"),
+    ({"runs": [{"name": "a", "config": "experiments/configs/cpu/math_base.yaml"},
+               {"name": "a", "config": "experiments/configs/cpu/math_base.yaml"}]}, "duplicate run names"),
+    ({"runz": []}, "unknown top-level keys"),
+])
+def test_bad_grid_specs_name_the_problem(tmp_path, spec, match):
+    with pytest.raises(GridError, match=match):
+        load_grid(_write(tmp_path / "g.yaml", spec))
+
+
+def test_shipped_grids_load():
+    grid = load_grid(ROOT / "experiments/grids/cpu.yaml")
+    settings = {(r.tags["task"], r.tags["setting"]) for r in grid.runs}
+    for task in ("math", "search"):  # the paper's five settings on both tasks
+        for s in ("single_agent_grpo", "sharing_grpo", "sharing_drmas", "nonsharing_grpo", "nonsharing_drmas"):
+            assert (task, s) in settings
+    assert ("search", "hetero_drmas") in settings
+
+
+def test_sweep_is_a_cartesian_product():
+    grid = sweep_grid("experiments/configs/cpu/math_base.yaml",
+                      ["algo.estimator=drmas,trajectory_grpo", "train.group_size=4,8"], seeds=2, name="s", out="/tmp/x")
+    assert len(grid.runs) == 8
+    assert {tuple(r.overrides) for r in grid.runs} == {
+        (f"algo.estimator={e}", f"train.group_size={g}") for e in ("drmas", "trajectory_grpo") for g in (4, 8)}
+    assert _split_values("a,[1, 2],{x: 1, y: 2},b") == ["a", "[1, 2]", "{x: 1, y: 2}", "b"]
+    with pytest.raises(GridError, match="must look like"):
+        sweep_grid("experiments/configs/cpu/math_base.yaml", ["algo.estimator"], 1, "s", "/tmp/x")
+
+
+# ------------------------------------------------------------------ miniature grid, killed and restarted
+def _mini_grid(tmp: Path) -> Path:
+    config = _write(tmp / "mini.yaml", {
+        "base": str(ROOT / "experiments/configs/cpu/math_base.yaml"),
+        "env": {"args": {"difficulty": 1}},
+        "models": {"_replace": True,
+                   "solver_model": {"preset": "nano", "path": str(tmp / "sft/base"),
+                                    "sft_roles": ["math_solver", "math_verifier"], "optim": {"lr": 2e-4}},
+                   "verifier_model": {"preset": "nano", "path": str(tmp / "sft/base"),
+                                      "sft_roles": ["math_solver", "math_verifier"], "optim": {"lr": 2e-4}}},
+        "train": {"steps": 6, "batch_tasks": 4, "group_size": 4, "eval_every": 0, "eval_tasks": 12,
+                  "eval_samples": 2, "save_every": 1},
+        "sft": {"traces": 300, "steps": 40, "tokenizer_dir": str(tmp / "sft/tok")}})
+    return _write(tmp / "grid.yaml", {
+        "name": "mini", "out_dir": str(tmp / "runs"), "sft": [str(config)], "defaults": {"seeds": [0]},
+        "runs": [{"name": f"math_nonsharing_{e}", "config": str(config), "overrides": [f"algo.estimator={est}"],
+                  "tags": {"task": "math", "setting": f"nonsharing_{e}", "estimator": est, "assignment": "nonsharing"}}
+                 for e, est in (("grpo", "trajectory_grpo"), ("drmas", "drmas"))]})
+
+
+def _runner(spec: Path, log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "experiments.grid", "run", str(spec), "--jobs", "1"], cwd=ROOT,
+                            stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def test_mini_grid_survives_sigkill_and_restart(tmp_path):
+    spec = _mini_grid(tmp_path)
+    runs = tmp_path / "runs"
+    first, second = runs / "math_nonsharing_grpo_s0", runs / "math_nonsharing_drmas_s0"
+    proc = _runner(spec, tmp_path / "runner.log")
+    deadline = time.time() + 300
+    # kill the whole runner (and its training subprocess) once the first run is done and the second has a checkpoint
+    while time.time() < deadline and not (run_status(first) == "done" and run_status(second) == "partial"):
+        assert proc.poll() is None, (tmp_path / "runner.log").read_text()[-3000:]
+        time.sleep(0.2)
+    assert run_status(first) == "done", "the first run did not finish in time"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    finished = {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()}
+    assert run_status(second) == "partial"
+
+    proc = _runner(spec, tmp_path / "runner2.log")
+    assert proc.wait(timeout=300) == 0, (tmp_path / "runner2.log").read_text()[-3000:]
+    log = (tmp_path / "runner2.log").read_text()
+    assert "math_nonsharing_grpo_s0 complete: skipped" in log
+    assert {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()} == finished  # nothing redone
+    index = json.loads((runs / "index.json").read_text())
+    assert [(r["run"], r["status"]) for r in index["runs"]] == [
+        ("math_nonsharing_grpo_s0", "done"), ("math_nonsharing_drmas_s0", "done")]
+    steps = [json.loads(line)["step"] for line in (second / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3, 4, 5]  # resumed: each step exactly once, no torn or duplicate lines
+    evals = [json.loads(line) for line in (second / "eval.jsonl").read_text().splitlines()]
+    assert sorted({e["step"] for e in evals}) == [0, 6]
+    # a third invocation does no training at all
+    proc = _runner(spec, tmp_path / "runner3.log")
+    assert proc.wait(timeout=120) == 0
+    assert (tmp_path / "runner3.log").read_text().count("complete: skipped") == 2
