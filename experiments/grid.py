@@ -93,6 +93,7 @@ def load_grid(path: str | Path, seeds: int | None = None) -> Grid:
         for seed in entry_seeds:
             runs.append(Run(name=f"{entry['name']}_s{seed}", config=config, overrides=list(entry.get("overrides", [])),
                             seed=int(seed), tags={**entry.get("tags", {}), "entry": entry["name"], "seed": int(seed)}))
+    runs.sort(key=lambda r: r.seed)  # stable: every entry's first seed before any second seed (a full table early)
     names = [r.name for r in runs]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

@@ -28,11 +28,11 @@ def test_load_grid_expands_seeds_and_tags(tmp_path):
                   "tags": {"task": "math", "setting": "nonsharing_drmas"}},
                  {"name": "b", "config": "experiments/configs/cpu/math_single.yaml", "seeds": [3]}]})
     grid = load_grid(spec)
-    assert [r.name for r in grid.runs] == ["a_s0", "a_s1", "b_s3"]
+    assert [r.name for r in grid.runs] == ["a_s0", "a_s1", "b_s3"]  # seed-major: a full table early
     assert grid.runs[1].tags == {"task": "math", "setting": "nonsharing_drmas", "entry": "a", "seed": 1}
     cmd = grid.runs[1].command(grid.out_dir)
     assert "train.seed=1" in cmd and "algo.estimator=drmas" in cmd and "name=a_s1" in cmd
-    assert [r.name for r in load_grid(spec, seeds=3).runs] == ["a_s0", "a_s1", "a_s2", "b_s0", "b_s1", "b_s2"]
+    assert [r.name for r in load_grid(spec, seeds=3).runs] == ["a_s0", "b_s0", "a_s1", "b_s1", "a_s2", "b_s2"]
 
 
 @pytest.mark.parametrize("spec, match", [
