@@ -1,0 +1,232 @@
+"""Statistics of the analysis: bootstrap CIs of avg@k / pass@k, the unbiased pass@k estimator, spike counts
+and the paired Dr. MAS vs GRPO test.
+
+Array contract (one entry point per quantity, explicit RNG; the API shape of rliable's
+``get_interval_estimates``): scores are ``(seeds, tasks)`` arrays of per-task scores in [0, 1] — one row per
+seed (run), one column per eval task, the task order being the same in every run of a task family. A task's
+score is ``c / k`` for avg@k and ``pass_at_k(k, c, k)`` (= 1[c > 0]) for pass@k, ``c`` its success count
+out of ``k`` samples. Every random function takes a ``numpy.random.Generator``: the same seed gives the same
+interval (tested).
+
+Bootstrap: tasks are resampled with replacement (the same task indices for every seed row, since seeds see the
+same tasks), the statistic is the mean over seeds and resampled tasks; the interval is the percentile interval
+of ``n_boot`` replicates. A several-benchmark *Average* resamples each benchmark's tasks independently and
+averages the benchmark replicates (:func:`average_interval`).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+from scipy.special import gammaln
+
+from drmas.algos import SpikeRule, spike_ratios
+
+logger = logging.getLogger(__name__)
+
+N_BOOT = 2000
+ALPHA = 0.05
+_BLOCK_ELEMENTS = 4_000_000  # bootstrap index block size (memory ~32 MB of int64 per block)
+
+
+# ------------------------------------------------------------------------------------------ pass@k
+def pass_at_k(n, c, k: int) -> np.ndarray:
+    """Unbiased pass@k from ``c`` successes among ``n >= k`` samples: 1 - C(n - c, k) / C(n, k)
+    (Chen et al. 2021), vectorized over ``n`` and ``c`` via log-gamma (no overflow for large n).
+    Example: n = 5, c = 2, k = 2 -> 1 - C(3,2)/C(5,2) = 1 - 3/10 = 0.7."""
+    n = np.asarray(n, dtype=np.float64)
+    c = np.asarray(c, dtype=np.float64)
+    n, c = np.broadcast_arrays(n, c)
+    if np.any(n < k):
+        raise ValueError(f"pass@{k} needs n >= k samples per task; got n = {n.min():.0f}")
+    if np.any((c < 0) | (c > n)):
+        raise ValueError("success counts must lie in [0, n]")
+    fail = n - c
+    out = np.ones_like(n)
+    ok = fail >= k  # otherwise every k-subset holds a success: pass@k = 1
+    f, m = fail[ok], n[ok]
+    log_ratio = gammaln(f + 1) - gammaln(f - k + 1) - gammaln(m + 1) + gammaln(m - k + 1)
+    out[ok] = 1.0 - np.exp(log_ratio)
+    return out
+
+
+def task_scores(successes, k: int, metric: str) -> np.ndarray:
+    """Per-task scores from success counts out of ``k``: ``avg`` -> c / k, ``pass`` -> pass@k with n = k."""
+    c = np.asarray(successes, dtype=np.float64)
+    if metric == "avg":
+        return c / k
+    if metric == "pass":
+        return pass_at_k(np.full_like(c, k), c, k)
+    raise ValueError(f"metric must be 'avg' or 'pass', got {metric!r}")
+
+
+# ------------------------------------------------------------------------------------------ bootstrap
+@dataclass(frozen=True)
+class Interval:
+    """Point estimate and percentile bootstrap interval."""
+
+    point: float
+    low: float
+    high: float
+
+    @property
+    def halfwidth(self) -> float:
+        return (self.high - self.low) / 2
+
+    @property
+    def excludes_zero(self) -> bool:
+        return bool(self.low > 0 or self.high < 0)
+
+    @classmethod
+    def empty(cls) -> "Interval":
+        return cls(np.nan, np.nan, np.nan)
+
+
+def _as_matrix(x) -> np.ndarray:
+    a = np.asarray(x, dtype=np.float64)
+    if a.ndim == 1:
+        a = a[None, :]
+    if a.ndim != 2 or a.shape[1] == 0:
+        raise ValueError(f"expected a (seeds, tasks) array with at least one task, got shape {a.shape}")
+    return a
+
+
+def bootstrap_replicates(x, rng: np.random.Generator, n_boot: int = N_BOOT) -> np.ndarray:
+    """``n_boot`` bootstrap replicates of the mean of a ``(seeds, tasks)`` array (tasks resampled, the same
+    indices for every seed: the mean over seeds of resampled tasks equals the resampled seed-mean)."""
+    per_task = _as_matrix(x).mean(axis=0)
+    t = per_task.size
+    block = max(1, _BLOCK_ELEMENTS // t)
+    out = np.empty(n_boot)
+    for start in range(0, n_boot, block):
+        stop = min(n_boot, start + block)
+        idx = rng.integers(0, t, size=(stop - start, t))
+        out[start:stop] = per_task[idx].mean(axis=1)
+    return out
+
+
+def percentile_interval(point: float, replicates: np.ndarray, alpha: float = ALPHA) -> Interval:
+    lo, hi = np.quantile(replicates, [alpha / 2, 1 - alpha / 2])
+    return Interval(float(point), float(lo), float(hi))
+
+
+def bootstrap_ci(x, rng: np.random.Generator, n_boot: int = N_BOOT, alpha: float = ALPHA) -> Interval:
+    """Mean of a ``(seeds, tasks)`` score array with its (1 - alpha) percentile bootstrap interval."""
+    a = _as_matrix(x)
+    return percentile_interval(a.mean(), bootstrap_replicates(a, rng, n_boot), alpha)
+
+
+def average_interval(xs: Sequence, rng: np.random.Generator, n_boot: int = N_BOOT, alpha: float = ALPHA) -> Interval:
+    """The paper's Average (mean over benchmarks of the benchmark means) with a bootstrap interval that
+    resamples each benchmark's tasks independently. ``xs``: one ``(seeds, tasks_b)`` array per benchmark."""
+    if not len(xs):
+        return Interval.empty()
+    mats = [_as_matrix(x) for x in xs]
+    reps = np.mean([bootstrap_replicates(m, rng, n_boot) for m in mats], axis=0)
+    return percentile_interval(float(np.mean([m.mean() for m in mats])), reps, alpha)
+
+
+# ------------------------------------------------------------------------------------------ paired test
+@dataclass
+class PairedResult:
+    """Dr. MAS (a) minus GRPO (b), paired by seed and task.
+
+    ``diff``: mean difference (the Average over benchmarks when several are given) with its paired bootstrap
+    interval (tasks resampled jointly for a and b); ``wilcoxon``/``p_value``: Wilcoxon signed-rank test of the
+    per-task differences averaged over seeds (all benchmarks' tasks pooled; zero differences dropped, p = 1
+    when all are zero); ``per_seed``: the mean difference and Wilcoxon p of each seed pair."""
+
+    diff: Interval
+    wilcoxon: float
+    p_value: float
+    n_tasks: int
+    n_seeds: int
+    per_seed: list[tuple[float, float]] = field(default_factory=list)
+
+    @property
+    def seeds_positive(self) -> int:
+        return sum(d > 0 for d, _ in self.per_seed)
+
+
+def _wilcoxon(d: np.ndarray) -> tuple[float, float]:
+    d = d[np.isfinite(d)]
+    if d.size == 0 or np.all(d == 0):
+        return 0.0, 1.0
+    res = sps.wilcoxon(d, zero_method="wilcox", alternative="two-sided")
+    return float(res.statistic), float(res.pvalue)
+
+
+def paired_test(a: Sequence, b: Sequence, rng: np.random.Generator, n_boot: int = N_BOOT,
+                alpha: float = ALPHA) -> PairedResult:
+    """Paired comparison of two sets of runs. ``a``, ``b``: one ``(seeds, tasks_b)`` array per benchmark (or a
+    single array), row i of ``a`` paired with row i of ``b`` (same seed), column j with column j (same task)."""
+    if isinstance(a, np.ndarray) and a.ndim <= 2:
+        a, b = [a], [b]
+    mats_a, mats_b = [_as_matrix(x) for x in a], [_as_matrix(x) for x in b]
+    if len(mats_a) != len(mats_b) or any(x.shape != y.shape for x, y in zip(mats_a, mats_b)):
+        raise ValueError("paired_test needs arrays of equal shapes (same seeds and tasks) for a and b; got "
+                         f"{[x.shape for x in mats_a]} vs {[y.shape for y in mats_b]}")
+    diffs = [x - y for x, y in zip(mats_a, mats_b)]
+    diff = average_interval(diffs, rng, n_boot, alpha)
+    stat, p = _wilcoxon(np.concatenate([d.mean(axis=0) for d in diffs]))
+    n_seeds = diffs[0].shape[0]
+    per_seed = []
+    for s in range(n_seeds):
+        mean_s = float(np.mean([d[s].mean() for d in diffs]))
+        per_seed.append((mean_s, _wilcoxon(np.concatenate([d[s] for d in diffs]))[1]))
+    return PairedResult(diff=diff, wilcoxon=stat, p_value=p, n_tasks=sum(d.shape[1] for d in diffs),
+                        n_seeds=n_seeds, per_seed=per_seed)
+
+
+# ------------------------------------------------------------------------------------------ gradient norms
+def grad_norm_summary(agents: pd.DataFrame, rule: SpikeRule = SpikeRule(), column: str = "grad_norm",
+                      by: Sequence[str] = ("run", "agent")) -> pd.DataFrame:
+    """Per (run, agent): steps, mean / p95 / max of the finite pre-clip gradient norms, non-finite count,
+    spikes under ``rule`` (recomputed with :func:`drmas.algos.spike_ratios` on the step-ordered series) and
+    the trainer's logged spike count (``spikes_logged``, NaN when the run did not log it), max spike ratio."""
+    cols = ["steps", "mean", "p95", "max", "nonfinite", "spikes", "spikes_logged", "max_ratio"]
+    if agents.empty or column not in agents:
+        return pd.DataFrame(columns=[*by, *cols])
+    rows = []
+    for key, g in agents.sort_values("step").groupby(list(by), sort=True):
+        # a run that never logged this column is skipped; otherwise NaN / inf in the series are non-finite norms
+        # (analysis.runs keeps a logged NaN and drops the steps where the agent did not act)
+        series = g[column].to_numpy(dtype=np.float64)
+        if series.size == 0 or np.isnan(series).all():
+            continue
+        finite = series[np.isfinite(series)]
+        sp = spike_ratios(series, rule)
+        ratio = sp["ratio"].to_numpy()
+        ratio = ratio[np.isfinite(ratio)]
+        logged = g["spike"].sum() if "spike" in g and g["spike"].notna().any() else np.nan
+        key = key if isinstance(key, tuple) else (key,)
+        rows.append({**dict(zip(by, key)), "steps": int(series.size),
+                     "mean": float(finite.mean()) if finite.size else np.nan,
+                     "p95": float(np.quantile(finite, 0.95)) if finite.size else np.nan,
+                     "max": float(finite.max()) if finite.size else np.nan,
+                     "nonfinite": int((~np.isfinite(series)).sum()), "spikes": int(sp["spike"].sum()),
+                     "spikes_logged": float(logged), "max_ratio": float(ratio.max()) if ratio.size else np.nan})
+    return pd.DataFrame(rows, columns=[*by, *cols])
+
+
+def spearman(x, y) -> tuple[float, float]:
+    """Spearman rank correlation and its p-value over the finite pairs (NaN with fewer than 3 pairs)."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    ok = np.isfinite(x) & np.isfinite(y)
+    if ok.sum() < 3 or np.ptp(x[ok]) == 0 or np.ptp(y[ok]) == 0:
+        return np.nan, np.nan
+    res = sps.spearmanr(x[ok], y[ok])
+    return float(res.statistic), float(res.pvalue)
+
+
+def kendall_tau(order_a: Sequence[str], order_b: Sequence[str]) -> float:
+    """Kendall's tau between two orderings of the same items (1 = same order, -1 = reversed)."""
+    common = [x for x in order_a if x in order_b]
+    if len(common) < 2:
+        return np.nan
+    rank_b = {x: i for i, x in enumerate(order_b)}
+    return float(sps.kendalltau(np.arange(len(common)), [rank_b[x] for x in common]).statistic)
