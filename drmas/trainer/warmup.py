@@ -10,13 +10,16 @@ from the same pre-trained model.
 """
 from __future__ import annotations
 
+import fcntl
 import logging
 import multiprocessing
 import os
+import shutil
+from contextlib import contextmanager
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from drmas.agents import AgentView, make_agent
 from drmas.config import RunConfig
@@ -81,6 +84,33 @@ def _checkpoints_to_build(cfg: RunConfig) -> dict[str, tuple[str, list[str], lis
 
 def warmup(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
     """Build and SFT every missing checkpoint (once per path); returns per-checkpoint SFT metrics."""
+    if not _checkpoints_to_build(cfg):
+        return {}
+    # one warm-up at a time per task source (runs of a grid may start together): the second waits, then
+    # finds the checkpoints built and returns
+    with _exclusive(Path(cfg.sft.tokenizer_dir).parent / ".warmup.lock"):
+        return _warmup_locked(cfg, progress)
+
+
+@contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Move a fully written folder into place (rename: a crash leaves no half-written checkpoint)."""
+    if final.exists():  # leftovers of a crashed earlier attempt (no config.json, or we would not be here)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+
+
+def _warmup_locked(cfg: RunConfig, progress: bool) -> dict[str, Any]:
     from drmas.models.sft import SFTConfig
     from drmas.models.tokenizer import save_tokenizer, train_bytelevel_bpe
 
@@ -96,7 +126,10 @@ def warmup(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
         all_roles = sorted({r for rec in records if (r := source.agent_role_of(rec))})
         texts = [p + t for p, t in render_examples(records, all_roles, source)]
         tokenizer = train_bytelevel_bpe(texts, vocab_size=sft.vocab_size)
-        save_tokenizer(tokenizer, tok_dir)
+        tmp = tok_dir.with_name(tok_dir.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_tokenizer(tokenizer, tmp)
+        _publish(tmp, tok_dir)
     jobs = []
     for i, (path, (preset, roles, keys)) in enumerate(plan.items()):
         examples = render_examples(records, roles, source)
@@ -141,5 +174,5 @@ def _run_sft_job(job: _SFTJob, progress: bool) -> tuple[str, dict[str, Any]]:
     logger.info("SFT warm-up of %s (%s, %d params) on %d examples", job.key, job.preset, count_parameters(model),
                 len(job.examples))
     metrics = sft_train(model, tokenizer, job.examples, job.sft, progress=progress)
-    save_policy(model, tokenizer, job.path)
+    save_policy(model, tokenizer, job.path)  # atomic (temporary folder, then rename)
     return job.key, {**metrics, "examples": len(job.examples), "params": count_parameters(model)}
