@@ -162,24 +162,36 @@ def write_index(grid: Grid, timings: dict[str, float], failed: dict[str, str]) -
     return out / "index.json"
 
 
-def _warm_up(grid: Grid) -> None:
-    """SFT of the grid's missing base checkpoints, all configs at once (each ``drmas sft`` also runs its
-    own checkpoints in parallel processes); a config whose checkpoints exist returns at once."""
+def _start_warm_up(grid: Grid) -> list[tuple[str, Path, subprocess.Popen]]:
+    """Start the SFT warm-up of every ``sft`` config of the grid, all at once, in the background (each
+    ``drmas sft`` runs its own checkpoints in parallel processes and returns at once when they exist;
+    two warm-ups of one task source serialize on a lock in drmas/trainer/warmup.py)."""
     procs = []
     for config in grid.sft:
-        cmd = [sys.executable, "-m", "drmas.cli", "sft", config, "--no-progress"]
         log = grid.out_dir / "logs" / f"sft_{Path(config).stem}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         logger.info("[grid] SFT warm-up: %s (log: %s)", config, log)
-        procs.append((config, log, subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)))
-    for config, log, proc in procs:
-        if proc.wait() != 0:
-            raise RuntimeError(f"SFT warm-up of {config} failed (exit {proc.returncode}); see {log}")
+        cmd = [sys.executable, "-m", "drmas.cli", "sft", config, "--no-progress"]
+        procs.append((config, log, subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("a"), stderr=subprocess.STDOUT)))
+    return procs
+
+
+def checkpoints_ready(run: Run) -> bool:
+    """Whether every model checkpoint the run starts from exists (else it waits for the warm-up)."""
+    from drmas.config import load_config
+
+    cfg = load_config(ROOT / run.config if not Path(run.config).is_absolute() else run.config, run.overrides)
+    return all(m.path is None or (Path(m.path) if Path(m.path).is_absolute() else ROOT / m.path).joinpath(
+        "config.json").exists() or m.preset is None for m in cfg.models.values())
 
 
 def run_grid(grid: Grid, jobs: int = 2, only: str | None = None, dry_run: bool = False) -> dict[str, str]:
     """Run every incomplete run of ``grid`` (``only``: fnmatch pattern(s) on run names, comma-separated).
-    Returns run name -> error for the runs that failed; the others are complete."""
+    Returns run name -> error for the runs that failed; the others are complete.
+
+    Scheduling: the warm-ups start first, each holding one of the ``jobs`` lanes while it runs; a run
+    starts on a free lane as soon as its checkpoints exist (queue order otherwise), so search runs go
+    while the math base is still being trained."""
     if grid.requires_gpu and not dry_run:
         import torch
 
@@ -199,7 +211,7 @@ def run_grid(grid: Grid, jobs: int = 2, only: str | None = None, dry_run: bool =
     if not todo:
         write_index(grid, {}, {})
         return {}
-    _warm_up(grid)
+    warming = _start_warm_up(grid)
     timings: dict[str, float] = {}
     failed: dict[str, str] = {}
     running: list[tuple[Run, subprocess.Popen, float, Path]] = []
@@ -207,14 +219,28 @@ def run_grid(grid: Grid, jobs: int = 2, only: str | None = None, dry_run: bool =
     t_start = time.perf_counter()
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     while queue or running:
-        while queue and len(running) < jobs:
-            run = queue.pop(0)
-            log = grid.out_dir / "logs" / f"{run.name}.log"
+        for item in list(warming):
+            config, log, proc = item
+            if proc.poll() is not None:
+                warming.remove(item)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"SFT warm-up of {config} failed (exit {proc.returncode}); see {log}")
+                logger.info("[grid] SFT warm-up of %s complete", config)
+        while queue and len(running) + len(warming) < jobs:
+            ready = next((r for r in queue if checkpoints_ready(r)), None)
+            if ready is None:
+                if not warming:
+                    missing = ", ".join(r.name for r in queue[:3])
+                    raise RuntimeError(f"runs {missing} ... start from checkpoints that no warm-up builds; add their "
+                                       "config to the grid's `sft` list or fix the model paths")
+                break
+            queue.remove(ready)
+            log = grid.out_dir / "logs" / f"{ready.name}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
-            proc = subprocess.Popen(run.command(grid.out_dir), cwd=ROOT, env=env, stdout=log.open("a"),
+            proc = subprocess.Popen(ready.command(grid.out_dir), cwd=ROOT, env=env, stdout=log.open("a"),
                                     stderr=subprocess.STDOUT)
-            running.append((run, proc, time.perf_counter(), log))
-            logger.info("[grid] start %s (%d/%d; log %s)", run.name, len(todo) - len(queue), len(todo), log)
+            running.append((ready, proc, time.perf_counter(), log))
+            logger.info("[grid] start %s (%d/%d; log %s)", ready.name, len(todo) - len(queue), len(todo), log)
         time.sleep(1.0)
         for item in list(running):
             run, proc, t0, log = item
@@ -232,6 +258,8 @@ def run_grid(grid: Grid, jobs: int = 2, only: str | None = None, dry_run: bool =
             logger.info("[grid] %s finished in %.0fs - %d/%d runs done, %.1f min elapsed, ~%.1f min left",
                         run.name, timings[run.name], done, len(todo), elapsed / 60, eta / 60)
             write_index(grid, timings, failed)
+    for config, log, proc in warming:  # warm-ups no remaining run needed
+        proc.wait()
     write_index(grid, timings, failed)
     return failed
 
