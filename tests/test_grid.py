@@ -1,5 +1,6 @@
 """The grid runner (experiments/grid.py): spec validation, sweeps, and a two-run miniature of the CPU grid
-that is interrupted with SIGKILL and restarted (nothing finished is redone, nothing is corrupt)."""
+that is interrupted with SIGKILL and restarted (nothing finished is redone, nothing is corrupt), followed
+by the analysis stage on its run directories."""
 from __future__ import annotations
 
 import json
@@ -124,3 +125,12 @@ def test_mini_grid_survives_sigkill_and_restart(tmp_path):
     proc = _runner(spec, tmp_path / "runner3.log")
     assert proc.wait(timeout=120) == 0
     assert (tmp_path / "runner3.log").read_text().count("complete: skipped") == 2
+
+    # the analysis stage on the miniature: tables, figures and REPORT.md from the two run directories
+    from analysis.report import main as report_main
+
+    assert report_main(["--runs", str(runs), "--out", str(tmp_path / "out"), "--figures", str(tmp_path / "figs"),
+                        "--n-boot", "200"]) == 0
+    report = (tmp_path / "out" / "REPORT.md").read_text()
+    assert "nonsharing" in report and "search" in report  # the math claims measured, the search ones "not run"
+    assert (tmp_path / "out" / "tables").is_dir() and any((tmp_path / "figs").glob("*.png"))
