@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 SMOOTH = 10  # rolling-mean window (steps) of the training curves
 COLORS = {"single_agent_grpo": "0.45", "sharing_grpo": "tab:orange", "sharing_drmas": "tab:cyan",
-          "nonsharing_grpo": "tab:red", "nonsharing_drmas": "tab:blue", "hetero_drmas": "tab:green",
+          "nonsharing_grpo": "tab:red", "nonsharing_drmas": "tab:blue", "hetero_drmas": "tab:green", "homogeneous_drmas": "tab:purple",
           "nonsharing:(mu_k,sigma)": "tab:purple", "nonsharing:(mu,sigma_k)": "tab:olive",
           "nonsharing:pooled_step": "tab:brown"}
 SEED_STYLES = ("-", "--", ":", "-.")
