@@ -54,7 +54,9 @@ def test_shipped_grids_load():
     for task in ("math", "search"):  # the paper's five settings on both tasks
         for s in ("single_agent_grpo", "sharing_grpo", "sharing_drmas", "nonsharing_grpo", "nonsharing_drmas"):
             assert (task, s) in settings
-    assert ("search", "hetero_drmas") in settings
+    assert ("search", "hetero_drmas") in settings and ("search", "homogeneous_drmas") in settings
+    paper = load_grid(ROOT / "experiments/grids/paper.yaml")  # every paper-scale config exists and is referenced
+    assert paper.requires_gpu and len(paper.runs) == 24 and all("configs/paper/" in r.config for r in paper.runs)
 
 
 def test_sweep_is_a_cartesian_product():
