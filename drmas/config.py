@@ -12,17 +12,21 @@ names, agents sharing a model with conflicting optimizer settings.
 from __future__ import annotations
 
 import copy
+import difflib
+import types
+import typing
 from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
 
 class Strict(BaseModel):
-    """Base: unknown keys are errors; values are validated on assignment too."""
+    """Base: unknown keys are errors, NaN/inf are not numbers a run can use; values are validated on
+    assignment too."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class SamplingConfig(Strict):
@@ -42,6 +46,59 @@ class OptimConfig(Strict):
     mini_batches: PositiveInt = Field(1, description="optimizer steps per RL step (paper search: 5)")
 
 
+class RolloutEngineConfig(Strict):
+    """How one worker group generates: its rollout engine (``drmas.rollout.ENGINES``). The local and ray
+    backends generate with transformers in the worker (``hf``); the openrlhf backend gives each worker
+    group its own vLLM engine (``vllm``), refreshed once per RL step. Fields marked vLLM are read only
+    by the ``vllm`` engine."""
+
+    engine: str = Field("hf", description="registered rollout engine: hf (CPU default) or vllm (GPU, openrlhf backend)")
+    tensor_parallel_size: PositiveInt = Field(1, description="vLLM: GPUs per engine replica (tensor parallelism); "
+                                              "the group runs resources.num_gpus / tensor_parallel_size replicas")
+    gpu_memory_utilization: Optional[float] = Field(
+        None, gt=0, le=1, description="vLLM: share of each GPU one engine may take (weights + KV cache); None = "
+                                      "0.85 split evenly among the engines of all worker groups sharing a GPU")
+    max_prompt_tokens: Optional[PositiveInt] = Field(None, description="longer prompts are truncated (paper: math "
+                                                     "8192, search 4096); None = no limit")
+    truncation: Literal["left", "middle"] = Field("left", description="which part of an over-long prompt is cut "
+                                                  "(reference: middle for math, left for search)")
+    max_model_len: Optional[PositiveInt] = Field(None, description="vLLM: context length (prompt + response) the "
+                                                 "engine reserves; None = the checkpoint's own limit")
+    chat_template: bool = Field(False, description="wrap each prompt as one user message in the tokenizer's chat "
+                                "template (real checkpoints; the tiny CPU models have none)")
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict, description="extra chat-template arguments, "
+                                                 "e.g. {enable_thinking: false} for Qwen3 (reference math runs)")
+    enable_sleep: bool = Field(True, description="vLLM sleep mode and DeepSpeed offload between rollout and update, so "
+                               "that several models time-share the same GPUs (openrlhf backend)")
+    enforce_eager: bool = Field(False, description="vLLM: no CUDA graphs (slower decoding, faster start)")
+    enable_prefix_caching: bool = Field(False, description="vLLM: reuse the KV cache of shared prompt prefixes")
+
+    @model_validator(mode="after")
+    def _known_engine(self) -> "RolloutEngineConfig":
+        from drmas.rollout import ENGINES
+
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown rollout engine {self.engine!r}; registered: {ENGINES.names()}")
+        if self.max_model_len is not None and self.max_prompt_tokens is not None \
+                and self.max_model_len <= self.max_prompt_tokens:
+            raise ValueError(f"max_model_len={self.max_model_len} leaves no room for a response after "
+                             f"max_prompt_tokens={self.max_prompt_tokens}; raise max_model_len")
+        return self
+
+
+class ResourcesConfig(Strict):
+    """GPUs and DeepSpeed settings of one worker group on the openrlhf backend (ignored by local/ray).
+    All worker groups share one Ray placement group of max(num_gpus) GPUs (the paper's shared pool)."""
+
+    num_gpus: PositiveInt = Field(1, description="training ranks (DeepSpeed data parallel), one per GPU of the pool")
+    zero_stage: Literal[0, 1, 2, 3] = Field(2, description="DeepSpeed ZeRO stage (3 shards weights too: 7B-8B models)")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass (reference: on)")
+    adam_offload: bool = Field(False, description="keep the Adam states in CPU memory (reference: optimizer_offload)")
+    checkpoint_dir: Optional[str] = Field(None, description="DeepSpeed checkpoints of the group go to "
+                                          "checkpoint_dir/<model key>; None = <run dir>/checkpoints/deepspeed "
+                                          "(computed by RunConfig)")
+
+
 class ModelConfig(Strict):
     """One worker group: a policy model with its own optimizer."""
 
@@ -52,6 +109,8 @@ class ModelConfig(Strict):
                           "roles of this model's agents). Models that name the same `path` start from one "
                           "checkpoint, as the paper's agents all start from one base model")
     optim: OptimConfig = OptimConfig()
+    rollout: RolloutEngineConfig = Field(default_factory=RolloutEngineConfig)  # built lazily: imports drmas.rollout
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelConfig":
@@ -64,6 +123,11 @@ class ModelConfig(Strict):
             if unknown or not self.sft_roles:
                 raise ValueError(f"sft_roles {self.sft_roles}: unknown or empty; registered agent roles: "
                                  f"{sorted(AGENT_REGISTRY.names())}")
+        tp, gpus = self.rollout.tensor_parallel_size, self.resources.num_gpus
+        if gpus % tp:
+            raise ValueError(f"rollout.tensor_parallel_size={tp} does not divide resources.num_gpus={gpus}: a worker "
+                             "group's vLLM engines cover exactly its training GPUs (weights reach them through CUDA "
+                             "IPC on each GPU); use a divisor of num_gpus")
         return self
 
 
@@ -78,17 +142,28 @@ class AgentConfig(Strict):
     warmup_steps: Optional[int] = Field(None, ge=0, description="overrides the model's optim.warmup_steps")
     micro_batch_size: Optional[PositiveInt] = Field(None, description="overrides optim.micro_batch_size")
 
+    @field_validator("role")
+    @classmethod
+    def _known_role(cls, role: str) -> str:
+        from drmas.agents import AGENT_REGISTRY
+
+        if role not in AGENT_REGISTRY:
+            raise ValueError(f"unknown agent role {role!r}; registered: {AGENT_REGISTRY.names()}. Use one of them, or "
+                             "register your class with @register_agent and import its module before loading the config")
+        return role
+
 
 class AlgoConfig(Strict):
     estimator: str = Field("drmas", description="advantage estimator (drmas.algos.ESTIMATORS)")
 
-    @model_validator(mode="after")
-    def _known_estimator(self) -> "AlgoConfig":
+    @field_validator("estimator")
+    @classmethod
+    def _known_estimator(cls, estimator: str) -> str:
         from drmas.algos import ESTIMATORS
 
-        if self.estimator not in ESTIMATORS:
-            raise ValueError(f"unknown estimator {self.estimator!r}; registered: {sorted(ESTIMATORS)}")
-        return self
+        if estimator not in ESTIMATORS:
+            raise ValueError(f"unknown estimator {estimator!r}; registered: {sorted(ESTIMATORS)}; use one of them")
+        return estimator
 
     ddof: Literal[0, 1] = 1
     eps: float = Field(1e-6, ge=0)
@@ -109,6 +184,49 @@ class EnvConfig(Strict):
     args: dict[str, Any] = Field(default_factory=dict, description="task-source arguments (difficulty, files, ...)")
     eval_args: dict[str, Any] = Field(default_factory=dict, description="overrides of `args` for evaluation tasks")
 
+    @field_validator("name")
+    @classmethod
+    def _known_source(cls, name: str) -> str:
+        from drmas.trainer.tasks import TASK_SOURCES
+
+        if name not in TASK_SOURCES:
+            raise ValueError(f"unknown task source {name!r}; registered: {TASK_SOURCES.names()}; use one of them")
+        return name
+
+    @field_validator("orchestra")
+    @classmethod
+    def _known_orchestra(cls, orchestra: str) -> str:
+        from drmas.orchestra import ORCHESTRA_REGISTRY
+
+        if orchestra not in ORCHESTRA_REGISTRY:
+            raise ValueError(f"unknown orchestra {orchestra!r}; registered: {ORCHESTRA_REGISTRY.names()}; use one of "
+                             "them, or register yours with @register_orchestra and import its module first")
+        return orchestra
+
+    @model_validator(mode="after")
+    def _data_files_exist(self) -> "EnvConfig":
+        """Every data-file path under ``args`` / ``eval_args`` (a string ending in a data suffix) must exist,
+        so a missing file stops the run before any work, not after the SFT warm-up."""
+        for section in ("args", "eval_args"):
+            for key, value in _leaves(getattr(self, section), f"env.{section}"):
+                if isinstance(value, str) and value.lower().endswith(DATA_SUFFIXES) and not Path(value).is_file():
+                    raise ValueError(f"{key} = {value!r}: data file not found (relative paths start at {Path.cwd()}); "
+                                     "fix the path, or write the file first (`drmas data prepare math|search`)")
+        return self
+
+
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".tsv", ".jsonl.gz", ".json.gz")
+"""A string value under ``env.args`` ending in one of these is a data-file path that must exist."""
+
+
+def _leaves(node: Any, prefix: str) -> list[tuple[str, Any]]:
+    """(dotted key, value) of every leaf of nested dicts / lists."""
+    if isinstance(node, dict):
+        return [leaf for k, v in node.items() for leaf in _leaves(v, f"{prefix}.{k}")]
+    if isinstance(node, (list, tuple)):
+        return [leaf for i, v in enumerate(node) for leaf in _leaves(v, f"{prefix}[{i}]")]
+    return [(prefix, node)]
+
 
 class TrainConfig(Strict):
     steps: int = Field(100, ge=0, description="RL steps")
@@ -121,7 +239,9 @@ class TrainConfig(Strict):
     eval_sampling: SamplingConfig = SamplingConfig(temperature=0.6, top_p=0.95)
     save_every: int = Field(25, ge=0, description="checkpoint every N steps (0 = only at the end)")
     max_nonfinite_skips: PositiveInt = Field(3, description="stop after this many consecutive non-finite steps")
-    backend: Literal["local", "ray"] = "local"
+    backend: Literal["local", "ray", "openrlhf"] = Field(
+        "local", description="local: in-process (CPU default); ray: one Ray actor per worker group; openrlhf: "
+                             "DeepSpeed actor groups + vLLM engines in one shared GPU pool (docs/gpu.md)")
     threads: int = Field(1, ge=0, description="torch threads per process (0 = leave as is); on 2 shared cores "
                          "1 thread was measured 10-27x faster than 2 under load")
 
@@ -164,7 +284,54 @@ class RunConfig(Strict):
             raise ValueError(f"models {unused} are defined but no agent uses them; remove them or assign an agent")
         for key in self.models:
             self.effective_optim(key)  # raises on conflicting per-agent overrides
+        self._check_backend()
+        self._check_slots()
+        for m in self.models.values():  # derived: each run keeps its DeepSpeed states in its own directory
+            if m.resources.checkpoint_dir is None:
+                m.resources.checkpoint_dir = str(self.run_dir / "checkpoints" / "deepspeed")
         return self
+
+    def _check_slots(self) -> None:
+        """One agent per slot of the orchestra (``agents[i].name`` is the slot). An empty ``agents`` list is
+        left to the trainer (partial configs are composed with overrides)."""
+        from drmas.orchestra import ORCHESTRA_REGISTRY
+
+        slots = list(getattr(ORCHESTRA_REGISTRY.get(self.env.orchestra), "slots", None) or [])
+        names = [a.name for a in self.agents]
+        if self.agents and slots and sorted(names) != sorted(slots):
+            missing, extra = [s for s in slots if s not in names], [n for n in names if n not in slots]
+            raise ValueError(f"agents: env.orchestra={self.env.orchestra!r} has the slots {slots}, one agent each; the "
+                             f"config defines {names} (missing {missing}, unexpected {extra}); name one agent after "
+                             "each slot (`agents[i].name`), or choose another orchestra")
+
+    def _check_backend(self) -> None:
+        """The backend and the rollout engines fit together: local/ray generate with HF in the worker; the
+        openrlhf backend generates with vLLM and trains with OpenRLHF's actor (one temperature per model,
+        no reference model)."""
+        backend = self.train.backend
+        for key, m in self.models.items():
+            engine = m.rollout.engine
+            if backend == "openrlhf" and engine != "vllm":
+                raise ValueError(f"models.{key}.rollout.engine={engine!r}: the openrlhf backend generates with vLLM; "
+                                 "set it to 'vllm'")
+            if backend != "openrlhf" and engine != "hf":
+                raise ValueError(f"models.{key}.rollout.engine={engine!r} needs train.backend=openrlhf (the {backend} "
+                                 "backend generates with transformers in the worker); use engine 'hf'")
+        if backend != "openrlhf":
+            return
+        for key, m in self.models.items():
+            if m.path is None:
+                raise ValueError(f"models.{key}.path: the openrlhf backend loads a checkpoint (folder or hub id)")
+            temps = {a.name: a.sampling.temperature for a in self.agents_of(key)}
+            if len(set(temps.values())) > 1:
+                raise ValueError(f"agents {sorted(temps)} share model {key!r} with temperatures {temps}; OpenRLHF's "
+                                 "actor scores a model's samples at one temperature: use the same one")
+        if self.algo.kl_coef > 0:
+            raise ValueError(f"algo.kl_coef={self.algo.kl_coef}: the openrlhf backend has no reference model "
+                             "(the paper trains without KL); set it to 0 or use the local/ray backend")
+        if self.algo.aggregation == "seq_mean_token_sum":
+            raise ValueError("algo.aggregation=seq_mean_token_sum has no OpenRLHF equivalent; use token_mean or "
+                             "seq_mean_token_mean with the openrlhf backend")
 
     def agents_of(self, model_key: str) -> list[AgentConfig]:
         return [a for a in self.agents if a.model == model_key]
@@ -197,16 +364,90 @@ class ConfigError(ValueError):
 
 
 def _format_validation_error(err: ValidationError, source: str) -> str:
+    """One line per problem: ``key.path: what is wrong (got value); fix: what to write instead``."""
     lines = [f"invalid config ({source}):"]
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; see drmas/config.py for the fields)"
+        loc = _format_loc(e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
         got = e.get("input")
-        got_txt = "" if e["type"] == "extra_forbidden" or isinstance(got, dict) else f" (got {got!r})"
-        lines.append(f"  {loc}: {msg}{got_txt}")
+        if e["type"] == "extra_forbidden":
+            msg, got_txt = "unknown key", ""
+        elif e["type"] == "value_error" or isinstance(got, (dict, list)):
+            got_txt = ""  # our validators' messages quote the values themselves
+        else:
+            got_txt = f" (got {got!r})"
+        fix = _fix_hint(e)
+        named = loc and not msg.startswith(loc)  # model-level validators name the exact key themselves
+        lines.append(f"  {loc + ': ' if named else ''}{msg}{got_txt}{'; fix: ' + fix if fix else ''}")
     return "\n".join(lines)
+
+
+def _format_loc(loc: tuple) -> str:
+    """("agents", 0, "role") -> "agents[0].role"."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+_TYPE_FIXES = {
+    "int_parsing": "write an integer, e.g. 4", "int_type": "write an integer, e.g. 4",
+    "int_from_float": "write a whole number", "float_parsing": "write a number, e.g. 1e-4",
+    "float_type": "write a number, e.g. 1e-4", "bool_parsing": "write true or false", "bool_type": "write true or false",
+    "string_type": "write a string (quote it in YAML)", "dict_type": "write a mapping {key: value, ...}",
+    "model_type": "write a mapping of its sub-keys {key: value, ...}", "list_type": "write a list [...]",
+    "tuple_type": "write a list [...]", "missing": "add it", "finite_number": "write a finite number",
+}
+_BOUNDS = {"greater_than": ("gt", ">"), "greater_than_equal": ("ge", ">="), "less_than": ("lt", "<"),
+           "less_than_equal": ("le", "<=")}
+
+
+def _fix_hint(e: dict[str, Any]) -> str:
+    """What to write instead, from a pydantic error (empty for our own validators: their text says it)."""
+    kind, ctx, loc = e["type"], e.get("ctx") or {}, e["loc"]
+    if kind == "extra_forbidden":
+        fields = _fields_at(loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), fields, n=1)
+        return (f"did you mean `{close[0]}`? " if close else "") + f"remove it or use one of {fields}"
+    if kind in _BOUNDS:
+        key, op = _BOUNDS[kind]
+        return f"use a value {op} {ctx.get(key)}"
+    if kind == "literal_error":
+        return f"use {ctx.get('expected')}"
+    if kind in ("too_long", "too_short"):
+        n = ctx.get("max_length") if kind == "too_long" else ctx.get("min_length")
+        return f"give {'at most' if kind == 'too_long' else 'at least'} {n} item(s)"
+    if kind == "missing" and loc and isinstance(loc[-1], int):
+        return f"the list is too short: give at least {loc[-1] + 1} item(s)"
+    return _TYPE_FIXES.get(kind, "" if kind == "value_error" else "see the field's description in drmas/config.py")
+
+
+def _fields_at(loc: tuple) -> list[str]:
+    """Field names of the config section at ``loc`` (list indexes and dict keys are stepped over)."""
+    node: Any = RunConfig
+    for part in loc:
+        node = _section_type(node)
+        if isinstance(node, type) and issubclass(node, BaseModel):
+            field = node.model_fields.get(str(part))
+            if field is None:
+                return []
+            node = field.annotation
+        elif typing.get_origin(node) in (dict, list):
+            node = typing.get_args(node)[-1]
+        else:
+            return []
+    node = _section_type(node)
+    return sorted(node.model_fields) if isinstance(node, type) and issubclass(node, BaseModel) else []
+
+
+def _section_type(annotation: Any) -> Any:
+    """``Optional[X]`` -> X (the non-None member of a union)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, getattr(types, "UnionType", None)) and len(args) == 1:
+        return args[0]
+    return annotation
+
+
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:

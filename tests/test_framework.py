@@ -33,8 +33,9 @@ def test_overrides_and_effective_per_agent_config():
     (["algo.estimator=nope"], "unknown estimator 'nope'"),
     (["algo.ddof=2"], "algo.ddof"),
     (["agents=[{name: s, role: math_solver, model: missing}]"], "agents[0].model = 'missing' is not defined"),
-    (["agents=[{name: s, role: r, model: shared}, {name: s, role: r, model: shared}]"], "duplicate agent names"),
-    (["agents=[{name: s, role: r, model: shared, lr: 0.1}, {name: v, role: r, model: shared, lr: 0.2}]"],
+    (["agents=[{name: s, role: math_solver, model: shared}, {name: s, role: math_solver, model: shared}]"],
+     "duplicate agent names"),
+    (["agents=[{name: s, role: math_solver, model: shared, lr: 0.1}, {name: v, role: math_verifier, model: shared, lr: 0.2}]"],
      "share model 'shared' but set different `lr`"),
     (TWO_AGENTS + ["agents.nobody.lr=1"], "no entry named 'nobody'"),
     (TWO_AGENTS + ["agents.5.lr=1"], "index 5 out of range"),
@@ -56,7 +57,8 @@ def test_config_file_errors(tmp_path):
 
 
 def test_sharing_agents_may_agree():
-    cfg = load_config(None, ["agents=[{name: s, role: r, model: shared, lr: 0.1}, {name: v, role: r, model: shared, lr: 0.1}]"])
+    cfg = load_config(None, ["agents=[{name: solver, role: math_solver, model: shared, lr: 0.1},"
+                             " {name: verifier, role: math_verifier, model: shared, lr: 0.1}]"])
     assert cfg.effective_optim("shared").lr == 0.1
 
 

@@ -6,21 +6,29 @@ the formats SFT taught. For real chat models the worker group wraps the prompt i
 """
 from __future__ import annotations
 
-import re
-
 from drmas.agents.base import Agent, AgentView, Parsed, register_agent
 
-_VERIFY = re.compile(r"<verify>\s*([^<]*?)\s*</verify>", re.IGNORECASE)
+_OPEN_VERIFY, _CLOSE_VERIFY = "<verify>", "</verify>"
 
 
 def parse_verdict(text: str, allowed: tuple[str, str]) -> Parsed:
-    """Exactly one ``<verify>x</verify>`` with x in ``allowed`` -> valid, action x (lower case)."""
+    """Exactly one ``<verify>x</verify>`` pair (tags in any case, nothing tag-like inside) with x in
+    ``allowed`` (surrounding whitespace ignored) -> valid, action x (lower case).
+
+    Plain string scanning, linear in the text: the former regex ``<verify>\\s*([^<]*?)\\s*</verify>``
+    backtracked polynomially, so ``<verify>`` followed by a few thousand spaces (a common output of a
+    tiny model) took seconds (found by the fuzz tests in tests/test_reliability.py)."""
     if not isinstance(text, str):
         return Parsed(False)
-    found = _VERIFY.findall(text)
-    if len(found) != 1 or found[0].lower() not in allowed or text.lower().count("<verify>") != 1:
+    low = text.lower()  # may change the length of non-ASCII text: slice `low` only, never `text`
+    if low.count(_OPEN_VERIFY) != 1 or low.count(_CLOSE_VERIFY) != 1:
         return Parsed(False)
-    return Parsed(True, found[0].lower())
+    start = low.index(_OPEN_VERIFY) + len(_OPEN_VERIFY)
+    end = low.find(_CLOSE_VERIFY, start)
+    word = low[start:end].strip() if end >= 0 else ""
+    if "<" in word or word not in allowed:
+        return Parsed(False)
+    return Parsed(True, word)
 
 
 def _boxed(text: str) -> Parsed:

@@ -1,4 +1,5 @@
-"""Rollout engines: the interface (:mod:`drmas.rollout.base`) and the HF ``generate`` engine ("hf")."""
+"""Rollout engines: the interface (:mod:`drmas.rollout.base`), the HF ``generate`` engine ("hf") and the vLLM
+engine ("vllm", :mod:`drmas.rollout.vllm_engine`; vLLM itself is imported only when an engine is launched)."""
 from drmas.rollout.base import (
     ENGINES,
     Generation,
@@ -9,6 +10,7 @@ from drmas.rollout.base import (
     stop_positions,
 )
 from drmas.rollout.hf import HFRolloutEngine
+from drmas.rollout.vllm_engine import VLLMRolloutEngine
 
 __all__ = ["ENGINES", "Generation", "RolloutEngine", "SamplingParams", "make_engine", "register_engine",
-           "stop_positions", "HFRolloutEngine"]
+           "stop_positions", "HFRolloutEngine", "VLLMRolloutEngine"]

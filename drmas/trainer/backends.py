@@ -1,6 +1,7 @@
 """Execution backends for worker groups: ``local`` (in-process, the CPU default and the tests) and
 ``ray`` (each worker group a Ray actor, all placed in one placement group: the paper's shared resource
-pool). Both expose the same four operations, so the trainer does not know which one runs.
+pool). Both expose the same four operations, so the trainer does not know which one runs. On GPU clusters,
+``openrlhf`` (drmas/trainer/openrlhf_backend.py) exposes them too, over OpenRLHF and vLLM.
 """
 from __future__ import annotations
 
@@ -12,11 +13,25 @@ from drmas.workers.policy import PolicyWorker, UpdateBatch, WorkerSpec
 logger = logging.getLogger(__name__)
 
 
+class WorkerDied(RuntimeError):
+    """A worker group's process (a Ray actor) died; ``key`` names the worker group. The trainer replaces
+    the workers (``restart``) and resumes from its last checkpoint, or stops with a clear message."""
+
+    def __init__(self, key: str, detail: str):
+        super().__init__(f"worker group {key!r} died: {detail}")
+        self.key = key
+
+
 class LocalBackend:
     """Worker groups as plain objects in this process; updates run one after another."""
 
     def __init__(self, specs: dict[str, WorkerSpec]):
+        self.specs = specs
         self.workers = {key: PolicyWorker(spec) for key, spec in specs.items()}
+
+    def restart(self) -> None:
+        """Fresh workers (initial weights); the trainer then loads the last checkpoint into them."""
+        self.workers = {key: PolicyWorker(spec) for key, spec in self.specs.items()}
 
     def generators(self) -> dict[str, PolicyWorker]:
         return self.workers
@@ -41,13 +56,21 @@ class LocalBackend:
 class _RayGenerator:
     """Adapter: ``generate`` on a Ray actor, blocking (the orchestra's calls are sequential)."""
 
-    def __init__(self, actor):
-        self.actor = actor
+    def __init__(self, actor, key: str):
+        self.actor, self.key = actor, key
 
     def generate(self, prompts, sampling, seed=None):
-        import ray
+        return _get(self.key, self.actor.generate.remote(prompts, sampling, seed))
 
-        return ray.get(self.actor.generate.remote(prompts, sampling, seed))
+
+def _get(key: str, ref: Any) -> Any:
+    """``ray.get`` of one worker group's call; a dead actor becomes ``WorkerDied`` naming the group."""
+    import ray
+
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayActorError as exc:  # ActorDiedError, ActorUnavailableError
+        raise WorkerDied(key, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
 
 
 class RayBackend:
@@ -68,26 +91,33 @@ class RayBackend:
         self.pg = placement_group([{"CPU": cpus} for _ in specs], strategy="PACK")
         ray.get(self.pg.ready(), timeout=120)
         actor_cls = ray.remote(PolicyWorker)
-        self.actors = {}
-        for i, (key, spec) in enumerate(specs.items()):
-            options = dict(num_cpus=cpus, scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=self.pg, placement_group_bundle_index=i))
-            self.actors[key] = actor_cls.options(**options).remote(spec)
+        self.specs = specs
+        self._new_actor = {key: actor_cls.options(num_cpus=cpus, scheduling_strategy=PlacementGroupSchedulingStrategy(
+            placement_group=self.pg, placement_group_bundle_index=i)).remote for i, key in enumerate(specs)}
+        self.actors = {key: self._new_actor[key](spec) for key, spec in specs.items()}
         logger.info("ray backend: %d worker groups in one placement group (%.2f CPU each)", len(specs), cpus)
 
-    def generators(self) -> dict[str, _RayGenerator]:
-        return {key: _RayGenerator(actor) for key, actor in self.actors.items()}
-
-    def _all(self, call: Callable[[str, Any], Any]) -> dict[str, Any]:
-        """Start ``call(key, actor)`` on every worker group at once, then wait for all of them."""
+    def restart(self) -> None:
+        """Replace every actor by a fresh one (initial weights, same placement-group bundle); the trainer
+        then loads the last checkpoint. The survivors are replaced too: they may hold part of a failed step."""
         import ray
 
+        for actor in self.actors.values():
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 -- already dead
+                pass
+        self.actors = {key: self._new_actor[key](spec) for key, spec in self.specs.items()}
+        logger.warning("ray backend: replaced the actors of %s", sorted(self.actors))
+
+    def generators(self) -> dict[str, _RayGenerator]:
+        return {key: _RayGenerator(actor, key) for key, actor in self.actors.items()}
+
+    def _all(self, call: Callable[[str, Any], Any]) -> dict[str, Any]:
+        """Start ``call(key, actor)`` on every worker group at once, then wait for all of them; a dead
+        actor raises ``WorkerDied`` naming its worker group."""
         refs = {key: call(key, actor) for key, actor in self.actors.items()}
-        try:
-            return dict(zip(refs, ray.get(list(refs.values()))))
-        except ray.exceptions.RayActorError as exc:
-            raise RuntimeError(f"a worker-group actor died during the step ({exc}); the run stops here and "
-                               "resumes from its last checkpoint when started again") from exc
+        return {key: _get(key, ref) for key, ref in refs.items()}
 
     def update(self, batches: dict[str, UpdateBatch], step_seed: int) -> dict[str, dict[str, Any]]:
         return self._all(lambda key, actor: actor.update.remote(batches[key], step_seed))
@@ -96,14 +126,12 @@ class RayBackend:
         return self._all(lambda key, actor: actor.get_state.remote())
 
     def set_states(self, states: dict[str, dict]) -> None:
-        import ray
-
-        ray.get([self.actors[key].set_state.remote(state) for key, state in states.items()])
+        refs = {key: self.actors[key].set_state.remote(state) for key, state in states.items()}
+        for key, ref in refs.items():
+            _get(key, ref)
 
     def save_models(self, folder: str) -> dict[str, str]:
-        import ray
-
-        return dict(zip(self.actors, ray.get([a.save_model.remote(f"{folder}/{k}") for k, a in self.actors.items()])))
+        return self._all(lambda key, actor: actor.save_model.remote(f"{folder}/{key}"))
 
     def close(self) -> None:
         import ray
@@ -114,7 +142,16 @@ class RayBackend:
         remove_placement_group(self.pg)
 
 
-BACKENDS: dict[str, Callable[[dict[str, WorkerSpec]], Any]] = {"local": LocalBackend, "ray": RayBackend}
+def _openrlhf_backend(specs: dict[str, WorkerSpec]):
+    """GPU clusters: OpenRLHF actor groups + vLLM engines in one shared pool (drmas/trainer/openrlhf_backend.py;
+    imported here so that the CPU path never imports OpenRLHF, vLLM or DeepSpeed)."""
+    from drmas.trainer.openrlhf_backend import OpenRLHFBackend
+
+    return OpenRLHFBackend(specs)
+
+
+BACKENDS: dict[str, Callable[[dict[str, WorkerSpec]], Any]] = {"local": LocalBackend, "ray": RayBackend,
+                                                                "openrlhf": _openrlhf_backend}
 
 
 def make_backend(name: str, specs: dict[str, WorkerSpec]):

@@ -26,6 +26,7 @@ tokens/{k}                           prompt + response tokens of agent k's calls
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from pathlib import Path
@@ -36,6 +37,8 @@ import pandas as pd
 
 from drmas.algos import SpikeDetector
 from drmas.step_table import StepTable
+
+logger = logging.getLogger(__name__)
 
 
 def _agent_reward_stats(table: StepTable, traj_reward: np.ndarray, traj_task: np.ndarray) -> dict[str, float]:
@@ -99,8 +102,13 @@ def step_metrics(table: StepTable, rollout, update: dict[str, dict[str, Any]],
 def evaluation_metrics(traj_reward: np.ndarray, k: int) -> dict[str, Any]:
     """avg@k (mean success over the k samples of each task, averaged over tasks) and pass@k (any
     success among the k), with the per-task success counts for bootstrap CIs. ``traj_reward`` is
-    task-major: the k samples of a task are adjacent."""
-    success = (np.asarray(traj_reward) > 0.5).reshape(-1, k)
+    task-major: the k samples of a task are adjacent. A NaN/inf reward raises (``> 0.5`` would count it
+    as a silent failure)."""
+    reward = np.asarray(traj_reward, np.float64)
+    if not np.isfinite(reward).all():
+        raise ValueError(f"evaluation rewards contain {int((~np.isfinite(reward)).sum())} non-finite value(s) "
+                         "(NaN/inf); check the environment's reward function")
+    success = (reward > 0.5).reshape(-1, k)
     per_task = success.sum(1)
     return {"avg": float(success.mean()), "pass": float((per_task > 0).mean()), "k": k,
             "n_tasks": int(success.shape[0]), "successes": per_task.tolist()}
@@ -141,19 +149,15 @@ class MetricsSink:
             tb.add_scalar(f"eval/{record['benchmark']}/pass@{record['k']}", record["pass"], record["step"])
 
     def truncate(self, after_step: int) -> None:
-        """Drop records of steps > ``after_step`` (a resumed run rewrites them), atomically."""
-        for path, key in ((self.metrics_path, "step"), (self.eval_path, "step")):
+        """Drop records a resumed run rewrites, atomically (write a copy, then rename it over the file):
+        step records of steps > ``after_step``, and evaluation records after the checkpoint the run resumes
+        from (the checkpoint at step s = after_step + 1 follows the evaluation at s; a run resumed from no
+        checkpoint, s = 0, evaluates step 0 again). A torn last line (a killed append) is dropped."""
+        limits = ((self.metrics_path, after_step), (self.eval_path, after_step + 1 if after_step >= 0 else -1))
+        for path, limit in limits:
             if not path.exists():
                 continue
-            keep = []
-            for line in path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a torn last line from a killed run
-                limit = after_step if path is self.metrics_path else after_step + 1
-                if rec.get(key, -1) <= limit:
-                    keep.append(line)
+            keep = [line for line, rec in read_jsonl_lines(path) if rec.get("step", -1) <= limit]
             tmp = path.with_name(path.name + ".tmp")
             tmp.write_text("".join(line + "\n" for line in keep))
             os.replace(tmp, path)
@@ -164,8 +168,44 @@ class MetricsSink:
 
 
 def _append_line(path: Path, record: dict[str, Any]) -> None:
-    line = json.dumps(record, default=float, allow_nan=True)
-    with open(path, "a") as f:
-        f.write(line + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    """Append one JSON line with a single write and fsync it: a kill leaves at most a torn last line,
+    which ``read_jsonl_lines`` detects."""
+    data = (json.dumps(record, default=float, allow_nan=True) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_jsonl_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(line, record) of every record of a JSONL file written by ``_append_line``.
+
+    A last line that is not valid JSON (or a complete line without its newline that is) is a torn append
+    of a killed run: it is dropped with a warning. An invalid line before the last one is damage that
+    dropping would hide (a lost step), so it raises ``ValueError`` naming the file and the line."""
+    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the file ends with a newline, as every complete append does
+    out: list[tuple[str, dict[str, Any]]] = []
+    for no, line in enumerate(lines, 1):
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as exc:
+            if no == len(lines):
+                logger.warning("%s: dropping a torn last line (%d bytes) left by a killed run", path, len(line))
+                break
+            raise ValueError(f"{path}, line {no}: not a JSON record ({exc}) and not the last line, so not a torn "
+                             "append; the file is damaged: restore it, or delete the run directory and start "
+                             "the run again") from None
+        out.append((line, rec))
+    return out
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a metrics/eval JSONL file (a torn last line is dropped; see ``read_jsonl_lines``)."""
+    return [rec for _, rec in read_jsonl_lines(path)]

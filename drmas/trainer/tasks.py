@@ -15,6 +15,7 @@ from __future__ import annotations
 import abc
 import logging
 from functools import cached_property
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -198,3 +199,41 @@ class SearchGenerated(TaskSource):
         rng = np.random.default_rng(seed)
         picked = rng.choice(len(self.train), size=min(n, len(self.train)), replace=False)
         return build_traces([self.train[i] for i in picked], self.retriever, topk=self.topk)
+
+
+@register_task_source("search_dataset")
+class SearchDataset(TaskSource):
+    """Prepared question files (``drmas data prepare search``): a ``train`` file (paper: NQ + HotpotQA)
+    and ``test`` files by name (NQ, TriviaQA, PopQA, HotpotQA, 2Wiki, MuSiQue, Bamboogle), answered
+    against a retrieval server (``python -m envs.search.server``; paper: E5 over Wikipedia 2018)."""
+
+    trace_roles = SearchGenerated.trace_roles
+
+    def __init__(self, train: str, test: dict[str, str], server_url: str, topk: int = 3, max_turns: int = 4):
+        from envs.search.tasks import read_tasks
+
+        for name, path in {"train": train, **{f"test.{k}": v for k, v in test.items()}}.items():
+            if not Path(path).is_file():
+                raise FileNotFoundError(f"env.args.{name}: {path} does not exist; write it with "
+                                        "`drmas data prepare search`")
+        self.train = read_tasks(train)
+        self.test = {name: read_tasks(path) for name, path in test.items()}
+        self.server_url, self.topk, self.max_turns = server_url, topk, max_turns
+
+    @cached_property
+    def retriever(self):
+        from envs.search.client import RetrievalClient
+
+        return RetrievalClient(self.server_url, topk=self.topk)
+
+    def train_tasks(self, step: int, n: int, seed: int) -> list[Task]:
+        rng = np.random.default_rng(_step_seed(seed, step))
+        return [self.train[i] for i in rng.choice(len(self.train), size=n, replace=len(self.train) < n)]
+
+    def eval_sets(self, n: int) -> dict[str, list[Task]]:
+        return {name: tasks[:n] if n else tasks for name, tasks in self.test.items()}
+
+    def make_env(self) -> Env:
+        import envs.search  # noqa: F401  (registers the env)
+
+        return make_env("search", retriever=self.retriever, max_turns=self.max_turns, topk=self.topk)

@@ -27,7 +27,7 @@ from drmas.algos import SpikeDetector, compute_advantages
 from drmas.config import RunConfig, dump_config
 from drmas.orchestra import make_orchestra
 from drmas.rollout.base import SamplingParams
-from drmas.trainer.backends import make_backend
+from drmas.trainer.backends import WorkerDied, make_backend
 from drmas.trainer.metrics import MetricsSink, evaluation_metrics, step_metrics
 from drmas.trainer.rollout import AgentSlot, RolloutResult, run_rollout
 from drmas.trainer.tasks import make_task_source
@@ -40,11 +40,20 @@ class NonFiniteStop(RuntimeError):
     """Raised after too many consecutive steps with a non-finite gradient (a checkpoint is written)."""
 
 
+class WorkerGroupLost(RuntimeError):
+    """Raised when a worker group died again after ``Trainer.max_worker_restarts`` restarts; the run's
+    records end at its last checkpoint, from which the same command resumes."""
+
+
 def _sampling(cfg) -> SamplingParams:
     return SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens)
 
 
 class Trainer:
+    max_worker_restarts: int = 1
+    """How often a run replaces its workers after one died (a Ray actor: ``WorkerDied``) and goes on from
+    its last checkpoint; one more death stops it with ``WorkerGroupLost``."""
+
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
         self.run_dir = cfg.run_dir
@@ -118,9 +127,42 @@ class Trainer:
 
     # ------------------------------------------------------------------------------ the run
     def train(self, progress: bool = True) -> dict[str, Any]:
-        cfg = self.cfg
+        """Resume (or start), run the remaining steps, evaluate and checkpoint at the end, write ``DONE``.
+        A dead worker group is replaced and the run goes on from its last checkpoint (deterministic, so
+        the records are those of an uninterrupted run), at most ``max_worker_restarts`` times."""
         self._write_manifest()
-        start = self._resume()
+        restarts = 0
+        while True:
+            try:
+                last = self._run(self._resume(), progress)
+                break
+            except WorkerDied as exc:
+                restarts += 1
+                self._replace_workers(exc, restarts)
+        _atomic_write(self.run_dir / "DONE", json.dumps({"steps": self.cfg.train.steps, "time": time.time()}))
+        self.sink.close()
+        return last
+
+    def _replace_workers(self, exc: WorkerDied, restarts: int) -> None:
+        """After a worker group died: fresh workers and trainer state, to be resumed from the last
+        checkpoint; or, past the restart budget (or on a backend that cannot restart), stop."""
+        ckpt = self._checkpoint_step()
+        where = f"its last checkpoint (step {ckpt}) is {self.ckpt_dir}" if ckpt else "it has no checkpoint yet"
+        if restarts > self.max_worker_restarts or not hasattr(self.backend, "restart"):
+            self.sink.close()
+            raise WorkerGroupLost(f"{exc} (during step {self.step}); the run stopped after {restarts - 1} worker "
+                                  f"restart(s): {where}. Check the worker's log (memory, GPU), then start the same "
+                                  "command again to resume from it") from exc
+        logger.warning("%s (during step %d); replacing the workers and resuming from the last checkpoint (step %d)",
+                       exc, self.step, ckpt)
+        self.backend.restart()
+        self.spikes = {name: SpikeDetector() for name in self.spikes}
+        self.consecutive_nonfinite = 0
+
+    def _run(self, start: int, progress: bool) -> dict[str, Any]:
+        """Steps ``start`` .. ``train.steps`` - 1 with their evaluations and checkpoints, then the final
+        evaluation and checkpoint; returns the last step's metrics."""
+        cfg = self.cfg
         if start == 0:
             self.evaluate(0)
         bar = _progress(range(start, cfg.train.steps), progress, initial=start, total=cfg.train.steps)
@@ -144,8 +186,6 @@ class Trainer:
         if start < cfg.train.steps or not (self.run_dir / "eval.jsonl").exists():
             self.evaluate(cfg.train.steps)
             self._checkpoint(cfg.train.steps)
-        (self.run_dir / "DONE").write_text(json.dumps({"steps": cfg.train.steps, "time": time.time()}))
-        self.sink.close()
         return last
 
     def _check_nonfinite(self, metrics: dict[str, Any], step: int) -> None:
@@ -179,9 +219,31 @@ class Trainer:
         shutil.rmtree(old, ignore_errors=True)
         logger.info("checkpoint at step %d -> %s", step, self.ckpt_dir)
 
+    def _checkpoint_step(self) -> int:
+        """Step of the complete checkpoint the run would resume from (0: none). A run killed inside
+        ``_checkpoint`` leaves ``latest.tmp`` (complete once its trainer.json, written last, parses) and/or
+        ``latest.old``; with no complete ``latest``, the newest complete one of them is moved back."""
+        complete = {}
+        for path in (self.ckpt_dir, self.ckpt_dir.with_name("latest.tmp"), self.ckpt_dir.with_name("latest.old")):
+            try:
+                complete[path] = int(json.loads((path / "trainer.json").read_text())["step"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        if self.ckpt_dir in complete:
+            return complete[self.ckpt_dir]
+        if not complete:
+            return 0
+        newest = max(complete, key=complete.get)
+        if self.ckpt_dir.exists():
+            shutil.rmtree(self.ckpt_dir)  # an incomplete leftover (cannot happen with _checkpoint's order)
+        newest.rename(self.ckpt_dir)
+        logger.warning("recovered the checkpoint of step %d from %s (a run was killed while checkpointing)",
+                       complete[newest], newest)
+        return complete[newest]
+
     def load_checkpoint(self) -> int:
         """Restore workers and trainer state from ``checkpoints/latest``; returns its step (0 if none)."""
-        if not (self.ckpt_dir / "trainer.json").exists():
+        if not self._checkpoint_step():
             return 0
         state = json.loads((self.ckpt_dir / "trainer.json").read_text())
         self.backend.set_states({key: torch.load(self.ckpt_dir / f"worker_{key}.pt", weights_only=False)

@@ -65,10 +65,8 @@ def _checkpoints_to_build(cfg: RunConfig) -> dict[str, tuple[str, list[str], lis
     for key, m in cfg.models.items():
         if m.path is None:
             raise ValueError(f"models.{key}.path: set where the warmed-up checkpoint goes")
-        if (Path(m.path) / "config.json").exists():
-            continue
-        if not m.preset:
-            raise ValueError(f"models.{key}: checkpoint {m.path} is missing and no `preset` is set to build one")
+        if (Path(m.path) / "config.json").exists() or not m.preset:
+            continue  # built already, or a pre-trained checkpoint (local folder or hub id) loaded as it is
         roles = model_roles(cfg, key)
         if m.path in plan:
             preset, other_roles, keys = plan[m.path]

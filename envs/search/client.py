@@ -19,6 +19,7 @@ import time
 from typing import Any, Sequence
 
 import requests
+import urllib3
 
 from envs.search.retriever import RetrievalBatch
 
@@ -70,11 +71,13 @@ class RetrievalClient:
         try:
             with self._session.post(self.url, json=payload, timeout=self.timeout_s, stream=True) as resp:
                 body = bytearray()
-                for chunk in resp.iter_content(chunk_size=65536):
+                # read1: whatever one socket read returns. iter_content(n) waits until n bytes came in, so a
+                # server trickling its body (a byte per 0.2 s) held a call for minutes past the deadline.
+                while chunk := resp.raw.read1(65536, decode_content=True):
                     body += chunk
                     if time.monotonic() > deadline:
                         raise _Retryable(f"response body not complete after {self.timeout_s}s")
-        except requests.RequestException as e:
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as e:  # read1 raises urllib3's own
             raise _Retryable(f"{type(e).__name__}: {e}") from e
         if 400 <= resp.status_code < 500:
             raise ValueError(f"HTTP {resp.status_code}: {body[:300].decode('utf-8', 'replace')}")

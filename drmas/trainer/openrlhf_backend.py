@@ -1,0 +1,379 @@
+"""The ``openrlhf`` backend: each worker group an OpenRLHF actor group (DeepSpeed ZeRO, its own optimizer)
+with its own vLLM engine replicas, all in one Ray placement group (the paper's shared resource pool:
+several models time-sharing the same GPUs). GPU only; everything OpenRLHF-specific it uses comes from
+:mod:`drmas.trainer.openrlhf_seam` (the pinned API contract and the pure conversion).
+
+One RL step, as the trainer sees it (the same four operations as the local and ray backends):
+
+1. ``generators()[m].generate(...)``: the orchestra's agent calls; the first call after an update wakes
+   the engines' KV cache (vLLM sleep mode), then each prompt goes to one engine replica of model m with
+   the calling agent's sampling parameters. Responses keep the stop token the model emitted.
+2. ``update(batches)``: engines sleep; then, one worker group after another (time-sharing), its
+   DeepSpeed states come back to the GPU, every rank computes the old log-probs of its rows and runs
+   the step's optimizer steps (:class:`DrmasActorMixin.drmas_fit`), the new weights go to the group's
+   engines **once** (OpenRLHF's CUDA-IPC ``broadcast_to_vllm``), and the states are offloaded again.
+
+Checkpoints: ``get_states`` writes DeepSpeed checkpoints (model, optimizer, scheduler) of every group to
+``resources.checkpoint_dir/<model key>`` and returns their location; ``set_states`` loads them and
+refreshes the engines. ``save_models`` writes Hugging Face checkpoints.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+from drmas.rollout.base import Generation, SamplingParams
+from drmas.rollout.vllm_engine import VLLMRolloutEngine
+from drmas.trainer import openrlhf_seam as seam
+from drmas.trainer.backends import WorkerDied
+from drmas.workers.policy import UpdateBatch, WorkerSpec
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_TAG = "drmas_latest"
+
+
+# ------------------------------------------------------------------------------ the DeepSpeed ranks
+class DrmasActorMixin:
+    """Methods drmas adds to OpenRLHF's ``PolicyModelActor`` (one Ray actor per DeepSpeed rank). Relies on
+    the attributes the seam checks: ``self.actor`` (OpenRLHF ``Actor``; ``.model`` is the DeepSpeed
+    engine), ``self.trainer`` (``ActorPPOTrainer``), ``self.strategy``, ``self.tokenizer``."""
+
+    def _experience(self, fields: dict[str, Any]) -> Any:
+        return seam.openrlhf_attr("Experience")(**fields, info={})
+
+    def _all_reduce_sum(self, values: Sequence[float]) -> list[float]:
+        import torch
+        import torch.distributed as dist
+
+        group = self.strategy.ds_device_mesh["dp"].get_group()
+        t = torch.tensor(list(values), dtype=torch.float64, device=torch.cuda.current_device())
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+        return t.tolist()
+
+    def _dp_size(self) -> int:
+        import torch.distributed as dist
+
+        return dist.get_world_size(group=self.strategy.ds_device_mesh["dp"].get_group())
+
+    def drmas_fit(self, minibatches: list[list[dict[str, Any]]], temperature: float) -> list[dict[str, float]]:
+        """One RL step of this rank: ``minibatches[m][k]`` is micro-batch k of optimizer step m
+        (:func:`~drmas.trainer.openrlhf_seam.rank_payloads`; every rank has the same counts).
+
+        1. old log-probs of every row under the current policy (before the first optimizer step);
+        2. per mini-batch: the loss normalizers (response tokens, samples) summed over ranks; each
+           micro-batch goes through OpenRLHF's ``training_step`` with DeepSpeed's accumulation boundary
+           set by hand on the last one, so each mini-batch is exactly one optimizer step of a token-mean
+           (or sequence-mean) loss, whatever its size. Returns per optimizer step: pre-clip gradient
+           norm, loss, clip fraction, learning rate."""
+        self.actor.temperature = float(temperature)  # the rows were sampled at this temperature
+        for mini in minibatches:
+            for mb in mini:
+                mb["action_log_probs"] = self.forward(mb["sequences"], mb["action_mask"], mb["attention_mask"])
+        engine = self.actor.model
+        dp = self._dp_size()
+        out = []
+        for mini in minibatches:
+            tokens, samples = self._all_reduce_sum(seam.loss_counts([mb["action_mask"] for mb in mini]))
+            info = {"dp_size": dp, "batch_num_tokens": tokens, "global_batch_size": samples}
+            local_loss = local_clip = 0.0
+            for k, mb in enumerate(mini):
+                engine.set_gradient_accumulation_boundary(k == len(mini) - 1)
+                experience = self._experience(dict(mb)).to_device(_cuda_device())
+                status = self.trainer.training_step(experience, 0.0, k, info)
+                local_tokens = float(mb["action_mask"].sum())
+                local_loss += float(status["metrics"]["policy_loss"])
+                local_clip += float(status["metrics"].get("ppo_clip_ratio", 0.0)) * local_tokens
+            loss_sum, clip_sum = self._all_reduce_sum([local_loss, local_clip])
+            out.append({"grad_norm": float(self.strategy.get_grad_norm(self.actor)), "loss": loss_sum / dp,
+                        "clip_frac": clip_sum / max(tokens, 1.0),
+                        "lr": float(self.trainer.actor_scheduler.get_last_lr()[0])})
+        return out
+
+    def drmas_load_checkpoint(self, tag: str) -> bool:
+        path = os.path.join(self.strategy.args.ckpt.path, "_actor")
+        loaded, _ = self.strategy.load_ckpt(self.actor.model, path, tag=tag)
+        return loaded is not None
+
+    def drmas_save_hf(self, folder: str) -> str:
+        self.strategy.save_model(self.actor, self.tokenizer, folder)
+        return folder
+
+
+def _ray_get(refs: Any, key: str = "?") -> Any:
+    """``ray.get`` of worker group ``key``'s calls (one place, so that the orchestration is testable without
+    Ray). A dead actor becomes ``WorkerDied``: the trainer stops with its last checkpoint named (this
+    backend has no ``restart``; starting the same command again resumes)."""
+    import ray
+
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayActorError as exc:
+        raise WorkerDied(key, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+
+
+def _vllm_sampling_params(kwargs: dict[str, Any]) -> Any:
+    import vllm
+
+    return vllm.SamplingParams(**kwargs)
+
+
+def _load_tokenizer(path: str) -> Any:
+    """The checkpoint's tokenizer: drmas's own format (tiny models) or the checkpoint's (real models)."""
+    from drmas.models.tokenizer import is_drmas_tokenizer_folder, load_tokenizer
+
+    if os.path.isdir(path) and is_drmas_tokenizer_folder(path):
+        return load_tokenizer(path)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+
+
+def _cuda_device() -> Any:
+    import torch
+
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def extend_actor_class(remote_cls: Any, mixin: type, name: str) -> Any:
+    """``ray.remote(mixin + the class behind remote_cls)``: Ray forbids subclassing an actor class, so the
+    plain class behind ``@ray.remote`` is extended (tested with a dummy actor class)."""
+    import ray
+
+    try:
+        plain = remote_cls.__ray_metadata__.modified_class.__ray_actor_class__
+    except AttributeError as exc:
+        raise RuntimeError(f"cannot reach the class behind the Ray actor class {remote_cls!r} (Ray internals "
+                           "changed: ActorClass.__ray_metadata__.modified_class.__ray_actor_class__)") from exc
+    return ray.remote(num_gpus=1)(type(name, (mixin, plain), {"__module__": __name__}))
+
+
+def policy_actor_class() -> Any:
+    """OpenRLHF's ``PolicyModelActor`` with drmas's methods (:class:`DrmasActorMixin`), as a Ray actor class."""
+    return extend_actor_class(seam.openrlhf_attr("PolicyModelActor"), DrmasActorMixin, "DrmasPolicyActor")
+
+
+# ---------------------------------------------------------------------------------- the vLLM engines
+class RayEnginesClient:
+    """A :class:`~drmas.rollout.vllm_engine.VLLMClient` over one worker group's OpenRLHF vLLM Ray actors,
+    with their sleep state: ``asleep`` (KV cache freed, weights offloaded), ``weights`` (weights back,
+    no KV cache: the state for the weight push), ``awake``."""
+
+    def __init__(self, engines: list[Any], enable_sleep: bool, state: str = "awake", key: str = "?"):
+        if not engines:
+            raise ValueError("a worker group needs at least one vLLM engine")
+        self.key = key
+        self.engines = engines
+        self.enable_sleep = enable_sleep
+        self.state = state
+        self.refreshes = 0
+
+    def _call_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        return _ray_get([getattr(e, method).remote(*args, **kwargs) for e in self.engines], self.key)
+
+    def sleep(self) -> None:
+        if self.enable_sleep and self.state != "asleep":
+            self._call_all("sleep", level=1)
+            self.state = "asleep"
+
+    def wake(self, part: str) -> None:
+        """``part`` = "weights" (before a weight push) or "all" (before generating)."""
+        if not self.enable_sleep or self.state == "awake" or (part == "weights" and self.state == "weights"):
+            return
+        tags = ["weights"] if part == "weights" else (["kv_cache"] if self.state == "weights" else None)
+        self._call_all("wake_up", tags=tags)
+        self.state = "weights" if part == "weights" else "awake"
+
+    def generate(self, prompt_ids: list[list[int]], params: list[dict[str, Any]]) -> list[Any]:
+        self.wake("all")
+        refs = [self.engines[i % len(self.engines)].generate.remote(ids, _vllm_sampling_params(p))
+                for i, (ids, p) in enumerate(zip(prompt_ids, params))]
+        return _ray_get(refs, self.key)
+
+    def load_weights(self, state_dict: Any) -> None:
+        if state_dict is not None:
+            raise ValueError("the openrlhf backend pushes weights from the DeepSpeed ranks (CUDA IPC); "
+                             "load_weights takes None here")
+        self.refreshes += 1
+
+
+def launch_engines(pg: Any, placement: seam.GroupPlacement, s: seam.GroupSettings, gpu_fraction: float,
+                   gpu_memory_utilization: float) -> list[Any]:
+    """OpenRLHF ``RolloutRayActor`` replicas of one worker group on its planned bundles (the arguments of
+    OpenRLHF's own ``create_vllm_engines``, with drmas's GPU share so that more than two models fit)."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    actor_cls = seam.openrlhf_attr("RolloutRayActor")
+    tp = s.tensor_parallel_size
+    engines = []
+    for e, bundles in enumerate(placement.engine_bundles):
+        kwargs = dict(model=s.path, enforce_eager=s.enforce_eager,
+                      worker_extension_cls="openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap",
+                      tensor_parallel_size=tp, seed=s.seed + e, distributed_executor_backend="uni" if tp == 1 else "ray",
+                      max_model_len=s.max_model_len, enable_prefix_caching=s.enable_prefix_caching, dtype="bfloat16",
+                      trust_remote_code=True, full_determinism=False, gpu_memory_utilization=gpu_memory_utilization,
+                      bundle_indices=list(bundles) if tp > 1 else None, num_gpus=gpu_fraction,
+                      enable_sleep_mode=s.enable_sleep)
+        assert set(kwargs) == set(seam.ROLLOUT_ACTOR_KWARGS), "keep ROLLOUT_ACTOR_KWARGS in sync"
+        own_gpu = gpu_fraction if tp == 1 else 0  # with tp > 1 vLLM's own Ray workers take the GPU shares
+        engines.append(actor_cls.options(
+            num_cpus=own_gpu, num_gpus=own_gpu,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_capture_child_tasks=True,
+                placement_group_bundle_index=bundles[0])).remote(**kwargs))
+    return engines
+
+
+class _Generator:
+    """What the orchestra calls: the group's :class:`VLLMRolloutEngine`, keeping the emitted stop token."""
+
+    def __init__(self, engine: VLLMRolloutEngine):
+        self.engine = engine
+
+    def generate(self, prompts: list[str], sampling: SamplingParams, seed: int | None = None) -> Generation:
+        return self.engine.generate(prompts, sampling, seed=seed, keep_stop_token=True)
+
+
+# -------------------------------------------------------------------------------------- the backend
+class OpenRLHFBackend:
+    """Worker groups as OpenRLHF actor groups + vLLM engines in one shared placement group."""
+
+    def __init__(self, specs: dict[str, WorkerSpec]):
+        import ray
+        from ray.util.placement_group import placement_group
+
+        seam.require_openrlhf_api(strict_version=False)
+        self.settings = {key: seam.group_settings(spec) for key, spec in specs.items()}
+        self.plan = seam.plan_placement({k: (s.num_gpus, s.tensor_parallel_size) for k, s in self.settings.items()})
+        if not ray.is_initialized():
+            ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN",
+                                               "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}})
+        self.pg = placement_group(self.plan.bundles(), strategy="PACK")
+        ray.get(self.pg.ready())
+        logger.info("openrlhf backend: %d worker groups on %d GPUs, GPU share %.4f per actor, vLLM memory %.3f",
+                    len(specs), self.plan.pool_gpus, self.plan.gpu_fraction, self.plan.gpu_memory_utilization)
+        defaults = seam.cli_defaults()
+        self.clients: dict[str, RayEnginesClient] = {}
+        self.engines: dict[str, VLLMRolloutEngine] = {}
+        for key, s in self.settings.items():  # engines first: they profile GPU memory while it is free
+            mem = s.gpu_memory_utilization or self.plan.gpu_memory_utilization
+            handles = launch_engines(self.pg, self.plan.groups[key], s, self.plan.gpu_fraction, mem)
+            self.clients[key] = RayEnginesClient(handles, s.enable_sleep, key=key)
+            tokenizer = _load_tokenizer(s.path)
+            self.engines[key] = VLLMRolloutEngine(self.clients[key], tokenizer, s.max_prompt_tokens, s.truncation,
+                                                  s.chat_template, s.chat_template_kwargs)
+        for client in self.clients.values():
+            client.sleep()
+        group_cls = seam.openrlhf_attr("RayActorGroup")
+        actor_cls = policy_actor_class()
+        get_strategy = seam.openrlhf_attr("get_strategy")
+        self.groups: dict[str, Any] = {}
+        for key, s in self.settings.items():  # one after another: each offloads its states when built
+            mem = s.gpu_memory_utilization or self.plan.gpu_memory_utilization
+            args = seam.build_args(seam.openrlhf_overrides(s, mem), defaults)
+            group = group_cls(1, s.num_gpus, actor_cls, pg=self.pg, num_gpus_per_actor=self.plan.gpu_fraction,
+                              duplicate_actors=1)
+            ray.get(group.async_init_model_from_pretrained(get_strategy(args), s.path, seam.scheduler_steps(s),
+                                                           self.clients[key].engines))
+            self.groups[key] = group
+        self.pad_ids = {key: int(e.tokenizer.pad_token_id if e.tokenizer.pad_token_id is not None
+                                 else e.tokenizer.eos_token_id) for key, e in self.engines.items()}
+
+    # ---------------------------------------------------------------------------------- rollout
+    def generators(self) -> dict[str, _Generator]:
+        return {key: _Generator(engine) for key, engine in self.engines.items()}
+
+    # ----------------------------------------------------------------------------------- update
+    def _run(self, key: str, method: str, **kwargs: Any) -> list[Any]:
+        return _ray_get(self.groups[key].async_run_method(method_name=method, **kwargs), key)
+
+    def _push_weights(self, key: str) -> None:
+        """The group's new weights to its engines, once per step (OpenRLHF's CUDA-IPC sync)."""
+        self.clients[key].wake("weights")
+        self._run(key, "broadcast_to_vllm")
+        self.engines[key].load_weights(None)
+
+    def _with_states(self, key: str, fn) -> Any:
+        """Run ``fn`` with the group's DeepSpeed states on the GPU (sleep mode offloads them otherwise)."""
+        s = self.settings[key]
+        if s.enable_sleep:
+            self._run(key, "reload_states")
+        try:
+            return fn()
+        finally:
+            if s.enable_sleep:
+                self._run(key, "offload_states")
+
+    def update(self, batches: dict[str, UpdateBatch], step_seed: int) -> dict[str, dict[str, Any]]:
+        for client in self.clients.values():
+            client.sleep()  # free the KV caches: the models train one after another on the same GPUs
+        return {key: self._update_group(key, batch, step_seed) for key, batch in batches.items()}
+
+    def _update_group(self, key: str, batch: UpdateBatch, step_seed: int) -> dict[str, Any]:
+        s = self.settings[key]
+        n = len(batch.response_ids)
+        if n == 0:
+            return {"samples": 0}
+        temps = set(np.asarray(batch.temperature, np.float64).tolist())
+        if len(temps) != 1:
+            raise ValueError(f"model {key!r}: rows sampled at temperatures {sorted(temps)}; the OpenRLHF actor scores "
+                             "one temperature per update")
+        temperature = temps.pop() or 1.0  # greedy rows are scored with the plain softmax
+        lengths = [len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids)]
+        plan = seam.plan_minibatches(lengths, s.mini_batches, s.num_gpus, s.micro_batch_size, step_seed)
+        payloads = seam.rank_payloads(batch.prompt_ids, batch.response_ids, batch.advantages, plan, self.pad_ids[key],
+                                      s.num_gpus)
+
+        def fit() -> list[dict[str, float]]:
+            refs = self.groups[key].async_run_method_batch(method_name="drmas_fit", minibatches=payloads,
+                                                           temperature=[temperature] * s.num_gpus)
+            per_rank = _ray_get(refs, key)  # execute_batch returns one result list per rank
+            steps = per_rank[0][0]
+            self._push_weights(key)
+            return steps
+
+        steps = self._with_states(key, fit)
+        metrics = seam.fit_metrics(steps, [str(a) for a in batch.agents], n)
+        if not math.isfinite(metrics.get("grad_norm", 0.0)):
+            logger.warning("model %s: non-finite gradient norm %s (DeepSpeed took the step)", key, metrics["grad_norm"])
+        return metrics
+
+    # ------------------------------------------------------------------------------ checkpoints
+    def get_states(self) -> dict[str, dict]:
+        """DeepSpeed checkpoints of every group (the trainer stores only their location)."""
+        out = {}
+        for key, s in self.settings.items():
+            self._with_states(key, lambda key=key: self._run(key, "save_checkpoint", tag=CHECKPOINT_TAG))
+            out[key] = {"deepspeed_checkpoint": os.path.abspath(f"{s.checkpoint_dir}/{key}/_actor"),
+                        "tag": CHECKPOINT_TAG}
+        return out
+
+    def set_states(self, states: dict[str, dict]) -> None:
+        for key, state in states.items():
+            def load(key: str = key, tag: str = state["tag"]) -> None:
+                if not all(self._run(key, "drmas_load_checkpoint", tag=tag)):
+                    raise RuntimeError(f"model {key!r}: no DeepSpeed checkpoint {tag!r} under "
+                                       f"{state['deepspeed_checkpoint']}")
+                self._push_weights(key)
+
+            self._with_states(key, load)
+
+    def save_models(self, folder: str) -> dict[str, str]:
+        return {key: self._with_states(key, lambda key=key: self._run(key, "drmas_save_hf", folder=f"{folder}/{key}")[0])
+                for key in self.settings}
+
+    def close(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for group in self.groups.values():
+            for actor in getattr(group, "_actor_handlers", []):
+                ray.kill(actor)
+        for client in self.clients.values():
+            for engine in client.engines:
+                ray.kill(engine)
+        remove_placement_group(self.pg)
