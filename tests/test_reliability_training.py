@@ -1,0 +1,434 @@
+"""Reliability, part 2 (real nano models): crash safety, non-finite rewards, dead Ray workers.
+
+- SIGKILL at chosen points of a small training run in a subprocess (inside a worker-group update, in the
+  middle of a metrics append, between an evaluation and its checkpoint, inside a checkpoint write, between
+  the checkpoint renames, before the DONE marker) and at a random moment from outside; after each kill the
+  same command resumes, and the final metrics and evaluations equal those of an uninterrupted run;
+- a NaN reward from the environment stops the step before any update, with a clear error;
+- a Ray worker-group actor SIGKILLed during an update: the run replaces its workers and goes on from the
+  last checkpoint (same final metrics), or, past its restart budget, stops with a clear message and its
+  checkpoint; the math grader's timeout holds inside a Ray actor.
+
+Run as a script (``python tests/test_reliability_training.py child OVERRIDES_JSON KILL``), this file is
+the child process: it trains with the given config overrides and SIGKILLs itself at ``KILL``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+VOLATILE = ("timing/",)
+STEPS = 5
+
+
+def _overrides(tmp: Path, name: str, *extra: str) -> list[str]:
+    """A small non-sharing math run on two nano models (both warmed up once, see ``warm``)."""
+    return [f"name={name}", f"out_dir={tmp}/runs", "env.name=math_generated", "env.orchestra=math",
+            "env.args={difficulty: 1, grader_timeout_s: 1.0}",
+            f"models={{solver_model: {{preset: nano, path: {tmp}/sft/solver}}, "
+            f"verifier_model: {{preset: nano, path: {tmp}/sft/verifier}}}}",
+            "agents=[{name: solver, role: math_solver, model: solver_model, sampling: {max_new_tokens: 24}},"
+            " {name: verifier, role: math_verifier, model: verifier_model, sampling: {max_new_tokens: 16}}]",
+            "train.batch_tasks=4", "train.group_size=4", "train.eval_tasks=4", "train.eval_samples=2",
+            f"train.steps={STEPS}", "train.save_every=1", "train.eval_every=2",
+            # trajectory-level advantages: the nano Verifier's steps share its trajectory's advantage, so both
+            # models move every step (under per-agent Dr. MAS a Verifier that is always invalid gets 0)
+            "algo.estimator=trajectory_grpo",
+            "sft.traces=300", "sft.steps=60", "sft.batch_size=32", f"sft.tokenizer_dir={tmp}/sft/tok", *extra]
+
+
+def _load(overrides: list[str]):
+    from drmas.config import load_config
+
+    return load_config(None, overrides)
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _stable(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in records]
+
+
+def _train(overrides: list[str]) -> Path:
+    from drmas.trainer.trainer import Trainer
+
+    trainer = Trainer(_load(overrides))
+    try:
+        trainer.train(progress=False)
+    finally:
+        trainer.close()
+    return trainer.run_dir
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory) -> Path:
+    """One SFT warm-up of a nano model on both roles, copied to the second model's path (each test then
+    runs non-sharing: two worker groups, no further warm-up)."""
+    from drmas.trainer.warmup import warmup
+
+    tmp = tmp_path_factory.mktemp("reliability")
+    warmup(_load(_overrides(tmp, "warm", f"models={{shared: {{preset: nano, path: {tmp}/sft/solver}}}}",
+                            "agents.solver.model=shared", "agents.verifier.model=shared")), progress=False)
+    shutil.copytree(tmp / "sft" / "solver", tmp / "sft" / "verifier")
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def reference(warm) -> tuple[list[dict], list[dict]]:
+    """Metrics and evaluation records of the uninterrupted run."""
+    run_dir = _train(_overrides(warm, "reference"))
+    metrics, evals = _records(run_dir / "metrics.jsonl"), _records(run_dir / "eval.jsonl")
+    assert [r["step"] for r in metrics] == list(range(STEPS))
+    assert sorted({e["step"] for e in evals}) == [0, 2, 4, 5]
+    moved = [r["wg/solver_model/grad_norm"] > 0 and r["wg/verifier_model/grad_norm"] > 0 for r in metrics]
+    assert sum(moved) >= 2, "both models must learn in some steps, or the comparison would be weak"
+    return metrics, evals
+
+
+# ---------------------------------------------------------------------------------------- the child
+def _kill_self() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _inject(kill: str) -> None:
+    """Arrange for this process to SIGKILL itself at ``kill`` = ``site:step`` (or ``none``)."""
+    import pathlib
+
+    import torch
+
+    import drmas.trainer.metrics as metrics_module
+    import drmas.trainer.trainer as trainer_module
+    from drmas.trainer.backends import LocalBackend
+
+    site, _, arg = kill.partition(":")
+    step = int(arg) if arg else -1
+    Trainer = trainer_module.Trainer
+    if site == "update":  # inside the update of `step`: the first worker group updated, the second not
+        real_update = LocalBackend.update
+
+        def update(self, batches, step_seed):
+            if step_seed == step:  # seed 0: step_seed = step
+                first = next(iter(batches))
+                self.workers[first].update(batches[first], step_seed)
+                _kill_self()
+            return real_update(self, batches, step_seed)
+
+        LocalBackend.update = update
+    elif site == "append":  # half of the metrics line of `step` reaches the file
+        real_append = metrics_module._append_line
+
+        def append(path, record):
+            if path.name == "metrics.jsonl" and record.get("step") == step:
+                data = json.dumps(record).encode()
+                with open(path, "ab") as f:
+                    f.write(data[: len(data) // 2])
+                    f.flush()
+                    os.fsync(f.fileno())
+                _kill_self()
+            real_append(path, record)
+
+        metrics_module._append_line = append
+    elif site == "eval":  # the evaluation of `step` is recorded, its checkpoint not yet written
+        real_evaluate = Trainer.evaluate
+
+        def evaluate(self, at, record=True):
+            out = real_evaluate(self, at, record)
+            if at == step:
+                _kill_self()
+            return out
+
+        Trainer.evaluate = evaluate
+    elif site == "save":  # the checkpoint of `step` is half written (one worker file of two)
+        real_checkpoint, real_save, current = Trainer._checkpoint, torch.save, {"step": None, "saves": 0}
+
+        def checkpoint(self, at):
+            current["step"] = at
+            return real_checkpoint(self, at)
+
+        def save(obj, f, *args, **kwargs):
+            real_save(obj, f, *args, **kwargs)
+            current["saves"] += current["step"] == step
+            if current["saves"] == 1:
+                _kill_self()
+
+        Trainer._checkpoint, torch.save = checkpoint, save
+    elif site == "rename":  # the old checkpoint moved aside, the new one not yet in place
+        real_rename = pathlib.Path.rename
+
+        def rename(self, target):
+            if self.name == "latest.tmp" and json.loads((self / "trainer.json").read_text())["step"] == step:
+                _kill_self()
+            return real_rename(self, target)
+
+        pathlib.Path.rename = rename
+    elif site == "done":  # the final checkpoint written, the DONE marker not
+        real_write = trainer_module._atomic_write
+
+        def atomic_write(path, text):
+            if path.name == "DONE":
+                _kill_self()
+            return real_write(path, text)
+
+        trainer_module._atomic_write = atomic_write
+    elif site != "none":
+        raise ValueError(f"unknown kill site {site!r}")
+
+
+def _child_main(argv: list[str]) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    overrides, kill = json.loads(argv[0]), argv[1]
+    _inject(kill)
+    _train(overrides)
+
+
+def _spawn(overrides: list[str], kill: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "DRMAS_PROGRESS": ""}
+    return subprocess.Popen([sys.executable, __file__, "child", json.dumps(overrides), kill], cwd=REPO_ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _run_child(overrides: list[str], kill: str, expect_log: str = "") -> int:
+    """Run the child to its end or its kill; returns the exit code (-9: killed). ``expect_log``: a text its
+    log (warnings and up) must contain."""
+    proc = _spawn(overrides, kill)
+    _, err = proc.communicate(timeout=600)
+    if proc.returncode not in (0, -signal.SIGKILL):
+        raise AssertionError(f"child ({kill}) failed with {proc.returncode}:\n{err[-3000:]}")
+    assert expect_log in err, f"{expect_log!r} not in the child's log:\n{err[-3000:]}"
+    return proc.returncode
+
+
+def _assert_same_as_reference(run_dir: Path, reference) -> None:
+    metrics, evals = reference
+    assert _stable(_records(run_dir / "metrics.jsonl")) == _stable(metrics)
+    assert _records(run_dir / "eval.jsonl") == evals
+    assert json.loads((run_dir / "checkpoints" / "latest" / "trainer.json").read_text())["step"] == STEPS
+    assert (run_dir / "DONE").exists()
+    assert not (run_dir / "checkpoints" / "latest.tmp").exists() and not (run_dir / "checkpoints" / "latest.old").exists()
+
+
+# ------------------------------------------------------------------------------------ crash safety
+@pytest.mark.slow
+def test_sigkill_inside_update_append_and_checkpoint_rename_then_resume(warm, reference):
+    """Three kills in a row, each resumed by the same command; each leaves the state it should."""
+    overrides = _overrides(warm, "killed_a")
+    run_dir = _load(overrides).run_dir
+    ckpt = run_dir / "checkpoints"
+
+    assert _run_child(overrides, "update:1") == -signal.SIGKILL
+    assert json.loads((ckpt / "latest" / "trainer.json").read_text())["step"] == 1
+    assert [r["step"] for r in _records(run_dir / "metrics.jsonl")] == [0]
+
+    assert _run_child(overrides, "append:2") == -signal.SIGKILL
+    last = (run_dir / "metrics.jsonl").read_text().split("\n")[-1]
+    assert last.startswith('{"step": 2') and not last.endswith("}"), "the kill must leave a torn last line"
+
+    assert _run_child(overrides, "rename:3", expect_log="dropping a torn last line") == -signal.SIGKILL
+    assert not (ckpt / "latest").exists() and (ckpt / "latest.tmp").exists() and (ckpt / "latest.old").exists()
+
+    assert _run_child(overrides, "none", expect_log="recovered the checkpoint of step 3") == 0
+    _assert_same_as_reference(run_dir, reference)
+
+
+@pytest.mark.slow
+def test_sigkill_inside_checkpoint_write_after_eval_and_before_done_then_resume(warm, reference):
+    overrides = _overrides(warm, "killed_b")
+    run_dir = _load(overrides).run_dir
+    ckpt = run_dir / "checkpoints"
+
+    assert _run_child(overrides, "save:2") == -signal.SIGKILL
+    assert json.loads((ckpt / "latest" / "trainer.json").read_text())["step"] == 1
+    assert (ckpt / "latest.tmp").is_dir() and not (ckpt / "latest.tmp" / "trainer.json").exists()
+
+    assert _run_child(overrides, "eval:4") == -signal.SIGKILL
+    assert [e["step"] for e in _records(run_dir / "eval.jsonl")][-1] == 4  # recorded, but no checkpoint 4
+    assert json.loads((ckpt / "latest" / "trainer.json").read_text())["step"] == 3
+
+    assert _run_child(overrides, "done:0") == -signal.SIGKILL
+    assert not (run_dir / "DONE").exists()
+
+    assert _run_child(overrides, "none") == 0
+    _assert_same_as_reference(run_dir, reference)
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_from_outside_then_resume(warm, reference):
+    """The realistic fault: ``kill -9`` at an arbitrary moment (seeded delays after the run's first metrics
+    line), twice, then the same command until it completes."""
+    overrides = _overrides(warm, "killed_random")
+    run_dir = _load(overrides).run_dir
+    rng, kills = random.Random(8), []
+    for _ in range(2):
+        path = run_dir / "metrics.jsonl"
+        lines_before = path.read_text().count("\n") if path.exists() else 0  # a torn last line has no newline
+        proc = _spawn(overrides, "none")
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline:  # wait for one new step, then a random delay
+            if path.exists() and path.read_text().count("\n") > lines_before:
+                break
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 1.5))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+        kills.append(proc.returncode)
+    assert -signal.SIGKILL in kills, f"no kill landed before the run finished: {kills}"
+    for _ in range(3):  # each start resumes; a clean run needs one
+        if _run_child(overrides, "none") == 0:
+            break
+    _assert_same_as_reference(run_dir, reference)
+
+
+# -------------------------------------------------------------------------------------------- numerics
+def test_nan_reward_is_rejected_before_any_update(warm, monkeypatch):
+    """The environment returns NaN for one episode: the step stops at the advantage boundary with an error
+    that says what is wrong and where to look; no step is recorded and no weight moves."""
+    import numpy as np
+    import torch
+
+    from drmas.models.factory import load_policy
+    from drmas.trainer.trainer import Trainer
+
+    trainer = Trainer(_load(_overrides(warm, "nan_reward", "train.steps=2")))
+    real_make_env = trainer.source.make_env
+
+    def make_env():
+        env = real_make_env()
+        real_step = env.step
+
+        def step(actions, idx=None):
+            out = real_step(actions, idx)
+            out.rewards[:1] = np.nan
+            return out
+
+        env.step = step
+        return env
+
+    monkeypatch.setattr(trainer.source, "make_env", make_env)
+    try:
+        with pytest.raises(ValueError, match=r"non-finite value\(s\) \(NaN/inf\).*check the reward function"):
+            trainer.train_step(0)
+        with pytest.raises(ValueError, match=r"evaluation rewards contain .* non-finite"):
+            trainer.evaluate(0)  # not counted as a silent failure either
+        initial, _ = load_policy(f"{warm}/sft/solver")
+        for (name, p), q in zip(trainer.backend.workers["solver_model"].model.named_parameters(), initial.parameters()):
+            assert torch.equal(p, q), name
+    finally:
+        trainer.close()
+    assert not (trainer.run_dir / "eval.jsonl").exists()
+
+
+# ---------------------------------------------------------------------------------------------- Ray
+@pytest.fixture(scope="module")
+def ray_session():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False,
+             ignore_reinit_error=True)
+    yield ray
+    ray.shutdown()
+
+
+def _kill_actor_during_update(trainer, ray, key: str, step: int, times: int) -> dict:
+    """Wrap the backend's update: at ``step`` (the first ``times`` attempts), SIGKILL the process of
+    worker group ``key``'s actor after the update was submitted, then wait for it like the trainer."""
+    backend, real_update, state = trainer.backend, trainer.backend.update, {"kills": 0}
+
+    def update(batches, step_seed):
+        if step_seed == step and state["kills"] < times:
+            pid = ray.get(backend.actors[key].__ray_call__.remote(lambda worker: os.getpid()))
+            refs = {k: a.update.remote(batches[k], step_seed) for k, a in backend.actors.items()}
+            os.kill(pid, signal.SIGKILL)
+            state["kills"] += 1
+            from drmas.trainer.backends import _get
+
+            return {k: _get(k, ref) for k, ref in refs.items()}
+        return real_update(batches, step_seed)
+
+    backend.update = update
+    return state
+
+
+def _assert_close(a: list[dict], b: list[dict]) -> None:
+    """Ray and local runs agree to float32 round-off (tests/test_training.py::test_ray_backend_matches_local)."""
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for x, y in zip(_stable(a), _stable(b)):
+        assert x.keys() == y.keys()
+        for key, value in x.items():
+            if isinstance(value, float):
+                assert y[key] == pytest.approx(value, rel=1e-4, abs=1e-6, nan_ok=True), key
+            else:
+                assert y[key] == value, key
+
+
+@pytest.mark.slow
+def test_ray_actor_killed_mid_update_is_replaced_and_the_run_goes_on(warm, reference, ray_session):
+    from drmas.trainer.trainer import Trainer
+
+    trainer = Trainer(_load(_overrides(warm, "ray_retry", "train.backend=ray")))
+    try:
+        state = _kill_actor_during_update(trainer, ray_session, "verifier_model", step=2, times=1)
+        trainer.train(progress=False)
+    finally:
+        trainer.close()
+    assert state["kills"] == 1
+    _assert_close(reference[0], _records(trainer.run_dir / "metrics.jsonl"))
+    assert _records(trainer.run_dir / "eval.jsonl") == reference[1]
+
+
+@pytest.mark.slow
+def test_ray_actor_death_past_the_restart_budget_stops_with_its_checkpoint(warm, reference, ray_session):
+    from drmas.trainer.trainer import Trainer, WorkerGroupLost
+
+    overrides = _overrides(warm, "ray_lost", "train.backend=ray")
+    trainer = Trainer(_load(overrides))
+    trainer.max_worker_restarts = 0
+    try:
+        _kill_actor_during_update(trainer, ray_session, "verifier_model", step=2, times=1)
+        with pytest.raises(WorkerGroupLost, match=r"'verifier_model' died.*during step 2.*last checkpoint \(step 2\)"
+                                                  r".*start the same command again"):
+            trainer.train(progress=False)
+    finally:
+        trainer.close()
+    run_dir = trainer.run_dir
+    assert [r["step"] for r in _records(run_dir / "metrics.jsonl")] == [0, 1]
+    assert json.loads((run_dir / "checkpoints" / "latest" / "trainer.json").read_text())["step"] == 2
+    # the same command resumes from it (here on the local backend: checkpoints do not depend on it)
+    _train(overrides[:-1])
+    _assert_close(reference[0], _records(run_dir / "metrics.jsonl"))
+
+
+@pytest.mark.slow
+def test_grader_timeout_holds_inside_a_ray_actor(ray_session):
+    from envs.math.grader import MathGrader
+
+    grader = ray_session.remote(MathGrader).remote(timeout_s=1.0, num_workers=1)
+    try:
+        warmup = ray_session.get(grader.grade_answers_with_outcomes.remote(["\\{2,1\\}"], ["\\{1,2\\}"]), timeout=120)
+        assert warmup[1] == ["verify"]
+        t0 = time.perf_counter()
+        scores, outcomes = ray_session.get(grader.grade_answers_with_outcomes.remote(["10^{10^{10}}"], ["5"]),
+                                           timeout=120)
+        seconds = time.perf_counter() - t0
+    finally:
+        ray_session.get(grader.close.remote())
+        ray_session.kill(grader)
+    assert outcomes == ["timeout"] and scores.tolist() == [0.0]
+    assert seconds < 1.0 + 5.0, f"a 1 s timeout took {seconds:.1f}s inside a Ray actor"
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "child":
+    _child_main(sys.argv[2:])
