@@ -109,7 +109,7 @@ def sweep_grid(config: str, sets: list[str], seeds: int, name: str, out: str) ->
         if "=" not in item:
             raise GridError(f"--set {item!r} must look like key.sub=value1,value2")
         key, values = item.split("=", 1)
-        axes.append((key, [v for v in _split_values(values)]))
+        axes.append((key, _split_values(values)))
     runs = []
     for combo in itertools.product(*[[(k, v) for v in vs] for k, vs in axes]) if axes else [()]:
         label = "-".join(f"{k.split('.')[-1]}={v}" for k, v in combo) or "base"
@@ -117,6 +117,10 @@ def sweep_grid(config: str, sets: list[str], seeds: int, name: str, out: str) ->
         for seed in range(seeds):
             runs.append(Run(name=f"{label}_s{seed}", config=config, overrides=[f"{k}={v}" for k, v in combo], seed=seed,
                             tags={"entry": label, "seed": seed, **{k: v for k, v in combo}}))
+    names = [r.name for r in runs]
+    if len(set(names)) != len(names):
+        raise GridError(f"--set keys {[k for k, _ in axes]} give clashing run names (same last key part); "
+                        "sweep them in separate sweeps or rename through a config")
     return Grid(name=name, out_dir=Path(out) / name, sft=[config], runs=runs)
 
 
