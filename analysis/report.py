@@ -8,19 +8,19 @@ docs/analysis.md).
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import yaml
 
 from analysis import figures as figs
+from analysis.cli import parse_dataclass_args
 from analysis.runs import GridData, describe_scale, final_evals, load_grid
 from analysis.stats import N_BOOT, kendall_tau, spearman
 from analysis.tables import (ABLATION, DATA, PAIRS, PAPER_ABLATION_ORDER, PRICES_YAML, TABLE_OF_TASK, ablation_long, ablation_seeds,
@@ -415,20 +415,7 @@ class Args:
 
 
 def parse_args(argv: list[str] | None = None) -> Args:
-    """argparse generated from the fields of :class:`Args` (bool -> flag, no default -> required)."""
-    parser = argparse.ArgumentParser(prog="python -m analysis.report",
-                                     description="Tables, figures and REPORT.md from a grid directory (docs/analysis.md).")
-    hints = get_type_hints(Args)
-    for f in fields(Args):
-        flag = "--" + f.name.replace("_", "-")
-        if hints[f.name] is bool:
-            parser.add_argument(flag, action="store_true", help=f.metadata["help"])
-        elif f.default is MISSING:
-            parser.add_argument(flag, type=hints[f.name], required=True, help=f.metadata["help"])
-        else:
-            parser.add_argument(flag, type=hints[f.name], default=f.default,
-                                help=f"{f.metadata['help']} (default: {f.default})")
-    return Args(**vars(parser.parse_args(argv)))
+    return parse_dataclass_args(Args, "python -m analysis.report", "Tables, figures and REPORT.md from a grid directory (docs/analysis.md).", argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,6 +29,13 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
+def _registered(name: str, registered: list[str], what: str, fix: str = "; use one of them") -> str:
+    """``name`` if it is one of the ``registered`` names, else the error that lists them and says the fix."""
+    if name not in registered:
+        raise ValueError(f"unknown {what} {name!r}; registered: {registered}{fix}")
+    return name
+
+
 class SamplingConfig(Strict):
     temperature: float = Field(1.0, ge=0, description="sampling temperature (0 = greedy)")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
@@ -147,10 +154,8 @@ class AgentConfig(Strict):
     def _known_role(cls, role: str) -> str:
         from drmas.agents import AGENT_REGISTRY
 
-        if role not in AGENT_REGISTRY:
-            raise ValueError(f"unknown agent role {role!r}; registered: {AGENT_REGISTRY.names()}. Use one of them, or "
-                             "register your class with @register_agent and import its module before loading the config")
-        return role
+        return _registered(role, AGENT_REGISTRY.names(), "agent role", ". Use one of them, or register your class with "
+                           "@register_agent and import its module before loading the config")
 
 
 class AlgoConfig(Strict):
@@ -161,9 +166,7 @@ class AlgoConfig(Strict):
     def _known_estimator(cls, estimator: str) -> str:
         from drmas.algos import ESTIMATORS
 
-        if estimator not in ESTIMATORS:
-            raise ValueError(f"unknown estimator {estimator!r}; registered: {sorted(ESTIMATORS)}; use one of them")
-        return estimator
+        return _registered(estimator, sorted(ESTIMATORS), "estimator")
 
     ddof: Literal[0, 1] = 1
     eps: float = Field(1e-6, ge=0)
@@ -189,19 +192,15 @@ class EnvConfig(Strict):
     def _known_source(cls, name: str) -> str:
         from drmas.trainer.tasks import TASK_SOURCES
 
-        if name not in TASK_SOURCES:
-            raise ValueError(f"unknown task source {name!r}; registered: {TASK_SOURCES.names()}; use one of them")
-        return name
+        return _registered(name, TASK_SOURCES.names(), "task source")
 
     @field_validator("orchestra")
     @classmethod
     def _known_orchestra(cls, orchestra: str) -> str:
         from drmas.orchestra import ORCHESTRA_REGISTRY
 
-        if orchestra not in ORCHESTRA_REGISTRY:
-            raise ValueError(f"unknown orchestra {orchestra!r}; registered: {ORCHESTRA_REGISTRY.names()}; use one of "
-                             "them, or register yours with @register_orchestra and import its module first")
-        return orchestra
+        return _registered(orchestra, ORCHESTRA_REGISTRY.names(), "orchestra", "; use one of them, or register yours "
+                           "with @register_orchestra and import its module first")
 
     @model_validator(mode="after")
     def _data_files_exist(self) -> "EnvConfig":

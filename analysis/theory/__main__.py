@@ -6,16 +6,15 @@ The options are generated from :class:`Args`.
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 import time
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import get_type_hints
 
 import torch
 
+from analysis.cli import parse_dataclass_args
 from analysis.theory.report import summary_text
 from analysis.theory.run import STUDIES, run_studies, theory_config, write_all
 
@@ -34,19 +33,7 @@ class Args:
 
 
 def parse_args(argv: list[str] | None = None) -> Args:
-    """argparse generated from the fields of :class:`Args` (bool -> flag)."""
-    parser = argparse.ArgumentParser(prog="python -m analysis.theory",
-                                     description="Checks of Lemma 4.2 and Prop. 4.3 (docs/theory.md).")
-    hints = get_type_hints(Args)
-    for f in fields(Args):
-        flag = "--" + f.name.replace("_", "-")
-        if hints[f.name] is bool:
-            parser.add_argument(flag, action="store_true", help=f.metadata["help"])
-        else:
-            default = f.default if f.default is not MISSING else None
-            parser.add_argument(flag, type=hints[f.name], default=default,
-                                help=f"{f.metadata['help']} (default: {default})")
-    return Args(**vars(parser.parse_args(argv)))
+    return parse_dataclass_args(Args, "python -m analysis.theory", "Checks of Lemma 4.2 and Prop. 4.3 (docs/theory.md).", argv)
 
 
 def main(argv: list[str] | None = None) -> int:
