@@ -6,7 +6,8 @@ backend, drmas/workers/ray_backend.py).
 
 Update (paper Eq. 3), per RL step:
 1. rows are shuffled (seeded) into ``mini_batches`` optimizer steps;
-2. within a mini-batch, rows are ordered by agent and cut into micro-batches of ``micro_batch_size``;
+2. within a mini-batch, rows are ordered by agent, then by length (less padding), and cut into
+   micro-batches of ``micro_batch_size``;
    each micro-batch's loss is weighted by its share of the mini-batch (tokens for ``token_mean``,
    sequences otherwise), so gradient accumulation equals one big batch;
 3. after each agent's micro-batches, ``AgentGradNorms.mark(agent)`` records that agent's contribution
@@ -127,7 +128,7 @@ class PolicyWorker:
             tracker = AgentGradNorms(self.model.parameters())
             sums: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "entropy": 0.0, "approx_kl_old": 0.0}
             for agent in dict.fromkeys(batch.agents[mini]):
-                agent_rows = mini[batch.agents[mini] == agent]
+                agent_rows = _by_length(mini[batch.agents[mini] == agent], batch)
                 for start in range(0, len(agent_rows), o.micro_batch_size):
                     rows = agent_rows[start:start + o.micro_batch_size]
                     packed, logp, entropy = self._forward(rows, batch, self.model, with_entropy=True)
@@ -171,7 +172,7 @@ class PolicyWorker:
         mbs = self.spec.optim.micro_batch_size
         with torch.no_grad():
             for agent in dict.fromkeys(batch.agents):
-                rows = np.flatnonzero(batch.agents == agent)
+                rows = _by_length(np.flatnonzero(batch.agents == agent), batch)
                 for start in range(0, len(rows), mbs):
                     chunk = rows[start:start + mbs]
                     packed, logp, _ = self._forward(chunk, batch, self.model, with_entropy=False)
@@ -195,6 +196,14 @@ class PolicyWorker:
         from drmas.models.factory import save_policy
 
         return str(save_policy(self.model, self.tokenizer, folder))
+
+
+def _by_length(rows: np.ndarray, batch: UpdateBatch) -> np.ndarray:
+    """``rows`` ordered by prompt length, then response length: micro-batches of similar lengths carry less
+    padding (each row's loss weight does not depend on its micro-batch, so the gradient is unchanged)."""
+    prompt_len = np.fromiter((len(batch.prompt_ids[i]) for i in rows), np.int64, len(rows))
+    response_len = np.fromiter((len(batch.response_ids[i]) for i in rows), np.int64, len(rows))
+    return rows[np.lexsort((response_len, prompt_len))]
 
 
 def _pad_stack(rows: list[torch.Tensor], shape: torch.Size) -> torch.Tensor:
