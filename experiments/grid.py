@@ -9,7 +9,9 @@ A grid spec (YAML) names the checkpoints to warm up first (``sft``: configs whos
 SFT'd) and the runs: each entry is a config, overrides, seeds and the tags the analysis groups by (task,
 setting, estimator, assignment, table). A run directory is ``out_dir/<name>_s<seed>``; a run whose
 directory holds ``DONE`` is complete and is skipped, a run with a checkpoint resumes from it (``drmas
-train`` does that), so the runner can be interrupted and restarted at any point. Runs execute as
+train`` does that), so the runner can be interrupted and restarted at any point. A run folder whose
+``config.yaml`` differs from the config the grid gives now (an edited YAML) is neither skipped nor
+resumed: the runner stops and lists the changed keys (``--stale rerun`` moves such folders aside). Runs execute as
 subprocesses, ``--jobs`` at a time (one torch thread each: on 2 cores, two runs take the time of one).
 ``index.json`` in ``out_dir`` lists every run with its tags, status and wall time; it is rewritten
 atomically after each run finishes.
@@ -35,6 +37,7 @@ from typing import Any
 import yaml
 
 logger = logging.getLogger("experiments.grid")
+STALE_POLICIES = ("error", "rerun", "keep")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -52,9 +55,12 @@ class Run:
     tags: dict[str, Any] = field(default_factory=dict)
     """what the analysis groups by: task, setting, estimator, assignment, table, ..."""
 
+    def train_overrides(self, out_dir: Path) -> list[str]:
+        """The overrides ``drmas train`` gets: the run's name, folder and seed, then the entry's own."""
+        return [f"name={self.name}", f"out_dir={out_dir}", f"train.seed={self.seed}", *self.overrides]
+
     def command(self, out_dir: Path) -> list[str]:
-        return [sys.executable, "-m", "drmas.cli", "train", self.config, f"name={self.name}", f"out_dir={out_dir}",
-                f"train.seed={self.seed}", *self.overrides, "--no-progress"]
+        return [sys.executable, "-m", "drmas.cli", "train", self.config, *self.train_overrides(out_dir), "--no-progress"]
 
 
 @dataclass
@@ -147,6 +153,65 @@ def run_status(run_dir: Path) -> str:
     return "todo"
 
 
+def _comparable(config: dict[str, Any]) -> dict[str, Any]:
+    """A run's config without what names its folder (``name``, ``out_dir``, the derived DeepSpeed dir)."""
+    config = {k: v for k, v in config.items() if k not in ("name", "out_dir")}
+    config["models"] = {key: {**m, "resources": {k: v for k, v in (m.get("resources") or {}).items()
+                                                 if k != "checkpoint_dir"}}
+                        for key, m in (config.get("models") or {}).items()}
+    return config
+
+
+def _changed_keys(saved: Any, current: Any, prefix: str = "") -> list[str]:
+    if isinstance(saved, dict) and isinstance(current, dict):
+        return [k for key in sorted(set(saved) | set(current), key=str)
+                for k in _changed_keys(saved.get(key), current.get(key), f"{prefix}{key}.")]
+    if isinstance(saved, list) and isinstance(current, list) and len(saved) == len(current):
+        return [k for i, (a, b) in enumerate(zip(saved, current)) for k in _changed_keys(a, b, f"{prefix}{i}.")]
+    return [] if saved == current else [prefix.rstrip(".")]
+
+
+def config_changes(run: Run, out_dir: Path) -> list[str]:
+    """The config keys whose value in the run folder's ``config.yaml`` differs from the config the grid would
+    run now (empty when they agree or the folder has no config yet). A run made with another config is not
+    a result of this grid: it must not be skipped as complete, nor resumed. The saved config is validated
+    again first, so fields added to the schema since (at their defaults) do not count as changes."""
+    from drmas.config import ConfigError, dump_config, load_config
+
+    saved_file = out_dir / run.name / "config.yaml"
+    if not saved_file.exists():
+        return []
+    config = ROOT / run.config if not Path(run.config).is_absolute() else Path(run.config)
+    current = yaml.safe_load(dump_config(load_config(config, run.train_overrides(out_dir))))
+    try:
+        saved = yaml.safe_load(dump_config(load_config(saved_file, [])))
+    except ConfigError as exc:
+        return [f"(its config.yaml no longer loads: {str(exc).splitlines()[-1].strip()})"]
+    return _changed_keys(_comparable(saved), _comparable(current))
+
+
+def set_aside_stale(grid: Grid, runs: list[Run], stale: str) -> None:
+    """Runs of ``runs`` whose folder holds another config: ``error`` (default) stops with the list,
+    ``rerun`` moves each folder to ``<name>.stale-<k>`` (nothing is deleted) so the run starts afresh,
+    ``keep`` leaves them as they are (complete runs are skipped, partial ones resume)."""
+    changed = {r.name: keys for r in runs if run_status(grid.out_dir / r.name) != "todo"
+               for keys in [config_changes(r, grid.out_dir)] if keys}
+    if not changed or stale == "keep":
+        for name, keys in changed.items():
+            logger.warning("[grid] %s was made with another config (%s); kept (--stale keep)", name, ", ".join(keys[:5]))
+        return
+    if stale == "error":
+        listing = "; ".join(f"{name}: {', '.join(keys[:4])}{' ...' if len(keys) > 4 else ''}" for name, keys in changed.items())
+        raise GridError(f"{len(changed)} run folder(s) in {grid.out_dir} were made with another config than the grid "
+                        f"gives now ({listing}); pass --stale rerun to move them aside (<name>.stale-<k>) and run "
+                        "them again, --stale keep to use them as they are, or delete them")
+    for name, keys in changed.items():
+        folder = grid.out_dir / name
+        k = next(i for i in itertools.count(1) if not (grid.out_dir / f"{name}.stale-{i}").exists())
+        os.replace(folder, grid.out_dir / f"{name}.stale-{k}")
+        logger.info("[grid] %s: config changed (%s); old folder moved to %s.stale-%d", name, ", ".join(keys[:5]), name, k)
+
+
 def write_index(grid: Grid, timings: dict[str, float], failed: dict[str, str]) -> Path:
     """``out_dir/index.json``: every run with its tags, status and wall time (atomic rewrite)."""
     out = grid.out_dir
@@ -189,9 +254,11 @@ def checkpoints_ready(run: Run) -> bool:
         "config.json").exists() or m.preset is None for m in cfg.models.values())
 
 
-def run_grid(grid: Grid, jobs: int = 2, only: str | None = None, dry_run: bool = False) -> dict[str, str]:
+def run_grid(grid: Grid, jobs: int = 2, only: str | None = None, dry_run: bool = False,
+             stale: str = "error") -> dict[str, str]:
     """Run every incomplete run of ``grid`` (``only``: fnmatch pattern(s) on run names, comma-separated).
-    Returns run name -> error for the runs that failed; the others are complete.
+    Returns run name -> error for the runs that failed; the others are complete. ``stale``: what to do
+    with run folders made with another config (:func:`set_aside_stale`).
 
     Scheduling: the warm-ups start first, each holding one of the ``jobs`` lanes while it runs; a run
     starts on a free lane as soon as its checkpoints exist (queue order otherwise), so search runs go
@@ -204,6 +271,8 @@ def run_grid(grid: Grid, jobs: int = 2, only: str | None = None, dry_run: bool =
                             "on a cluster (docs/gpu.md) or pass --dry-run to list its commands")
     patterns = [p for p in (only or "").split(",") if p]
     selected = [r for r in grid.runs if not patterns or any(fnmatch.fnmatch(r.name, p) for p in patterns)]
+    if not dry_run:
+        set_aside_stale(grid, selected, stale)
     todo = [r for r in selected if run_status(grid.out_dir / r.name) != "done"]
     for r in selected:
         if r not in todo:
@@ -278,6 +347,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--only", default=None, help="fnmatch pattern(s) on run names, comma-separated")
         p.add_argument("--jobs", type=int, default=2, help="runs at a time")
         p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+        p.add_argument("--stale", choices=STALE_POLICIES, default="error",
+                       help="run folders made with another config: stop and list them (error), move them aside "
+                            "and run again (rerun), or use them (keep)")
     p = sub.add_parser("sweep", help="cartesian product of --set values over one config")
     p.add_argument("config")
     p.add_argument("--set", dest="sets", action="append", default=[], help="key.sub=v1,v2,... (repeatable)")
@@ -287,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--only", default=None)
     p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--stale", choices=STALE_POLICIES, default="error")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     try:
@@ -297,9 +370,12 @@ def main(argv: list[str] | None = None) -> int:
             grid = load_grid(args.spec, args.seeds)
         if args.command == "list":
             for r in grid.runs:
-                print(f"{run_status(grid.out_dir / r.name):8s} {r.name:40s} {r.config} {' '.join(r.overrides)}")
+                status = run_status(grid.out_dir / r.name)
+                if status != "todo" and config_changes(r, grid.out_dir):
+                    status = "stale"
+                print(f"{status:8s} {r.name:40s} {r.config} {' '.join(r.overrides)}")
             return 0
-        failed = run_grid(grid, jobs=args.jobs, only=args.only, dry_run=args.dry_run)
+        failed = run_grid(grid, jobs=args.jobs, only=args.only, dry_run=args.dry_run, stale=args.stale)
     except GridError as exc:
         print(f"experiments.grid: {exc}", file=sys.stderr)
         return 2

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The main job: regenerate the suite's results on this machine (default: CPU scale, the embedded default).
 #   bash experiments/run_all.sh [--scale cpu|paper] [--only STAGE[,STAGE...]] [--seeds N] [--runs PATTERN] [--jobs N]
+#                               [--stale error|rerun|keep]
 # Stages: bench, theory, train (the grid experiments/grids/<scale>.yaml), analysis. Sets up the environment
 # itself (idempotent). Resumable: complete runs are skipped, interrupted runs resume from their checkpoint.
 #   --seeds N      seeds per grid entry (default: the grid's own; the CPU grid uses 2 for the main settings)
 #   --runs PATTERN only runs whose names match (fnmatch, comma-separated), e.g. 'math_*'
 #   --jobs N       runs at a time (default 2: one per core, one torch thread each)
+#   --stale MODE   run folders made with another config than the YAML gives now: stop and list them (error,
+#                  default), move them aside to <run>.stale-<k> and run again (rerun), or use them (keep)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SCALE=cpu
@@ -13,6 +16,7 @@ ONLY=""
 SEEDS=""
 RUNS=""
 JOBS=2
+STALE=error
 while [ $# -gt 0 ]; do
   case "$1" in
     --scale) SCALE="$2"; shift 2 ;;
@@ -20,7 +24,8 @@ while [ $# -gt 0 ]; do
     --seeds) SEEDS="$2"; shift 2 ;;
     --runs) RUNS="$2"; shift 2 ;;
     --jobs) JOBS="$2"; shift 2 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    --stale) STALE="$2"; shift 2 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "run_all.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -52,7 +57,7 @@ fi
 GRID="experiments/grids/$SCALE.yaml"
 if want train; then
   stage "train: the $SCALE grid ($GRID): SFT warm-up of the base checkpoints, then every run not yet complete"
-  "$PY" -m experiments.grid run "$GRID" --jobs "$JOBS" ${SEEDS:+--seeds "$SEEDS"} ${RUNS:+--only "$RUNS"}
+  "$PY" -m experiments.grid run "$GRID" --jobs "$JOBS" --stale "$STALE" ${SEEDS:+--seeds "$SEEDS"} ${RUNS:+--only "$RUNS"}
 fi
 if want analysis; then
   stage "analysis: tables, figures, statistics and results/REPORT.md from $(grep '^out_dir:' "$GRID" | cut -d' ' -f2)"

@@ -206,6 +206,25 @@ def test_prepare_generated(tmp_path, monkeypatch):
     assert len(test) == 10 and test[0].meta["hops"]
 
 
+def test_prepare_generated_serves_the_kb_of_a_run_config(tmp_path, monkeypatch):
+    """`--gen-kb` with a run config's env.args.kb writes the very corpus that run retrieves from in-process
+    (what a retrieval server for that run must serve); bad mappings name the fields."""
+    from drmas.trainer.tasks import SearchGenerated
+
+    monkeypatch.setenv("DRMAS_DATA_DIR", str(tmp_path / "cache"))
+    kb = {"n_countries": 4, "n_cities": 9, "n_companies": 7, "n_people": 40}
+    parser = argparse.ArgumentParser()
+    prepare.add_arguments(parser)
+    args = parser.parse_args(["--out", str(tmp_path / "out"), "--what", "generated", "--gen-kb", json.dumps(kb),
+                              "--gen-train", "20", "--gen-test", "5"])
+    written = load_corpus(prepare.run(args)["files"]["generated/corpus"])
+    expected = SearchGenerated(kb=kb, n_test=20).kb.corpus()
+    assert (written.ids, written.texts) == (expected.ids, expected.texts)
+    assert written.content_hash == expected.content_hash
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--gen-kb", "{n_persons: 3}"])
+
+
 @pytest.mark.data
 def test_prepare_shared_task_files(shared_data, tmp_path):
     parser = argparse.ArgumentParser()

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.grid import ROOT, GridError, _split_values, load_grid, run_status, sweep_grid
+from experiments.grid import (ROOT, GridError, _split_values, config_changes, load_grid, run_grid, run_status,
+                             set_aside_stale, sweep_grid)
 
 
 def _write(path: Path, data) -> Path:
@@ -88,6 +89,44 @@ def _mini_grid(tmp: Path) -> Path:
         "runs": [{"name": f"math_nonsharing_{e}", "config": str(config), "overrides": [f"algo.estimator={est}"],
                   "tags": {"task": "math", "setting": f"nonsharing_{e}", "estimator": est, "assignment": "nonsharing"}}
                  for e, est in (("grpo", "trajectory_grpo"), ("drmas", "drmas"))]})
+
+
+def _fake_done_runs(spec: Path) -> tuple:
+    """Run folders holding DONE and the config.yaml the grid gives now (no training)."""
+    from drmas.config import dump_config, load_config
+
+    grid = load_grid(spec)
+    for run in grid.runs:
+        folder = grid.out_dir / run.name
+        folder.mkdir(parents=True)
+        (folder / "config.yaml").write_text(dump_config(load_config(run.config, run.train_overrides(grid.out_dir))))
+        (folder / "DONE").write_text("{}")
+    return grid
+
+
+def test_run_folders_made_with_another_config_are_not_taken_as_results(tmp_path):
+    grid = _fake_done_runs(_mini_grid(tmp_path))
+    assert all(config_changes(r, grid.out_dir) == [] for r in grid.runs)
+    assert run_grid(grid) == {}  # everything complete: nothing runs
+
+    edited = yaml.safe_load((tmp_path / "mini.yaml").read_text())
+    edited["train"]["steps"] = 7
+    edited["models"]["solver_model"]["optim"]["lr"] = 1e-4
+    _write(tmp_path / "mini.yaml", edited)
+    grid = load_grid(tmp_path / "grid.yaml")
+    assert config_changes(grid.runs[0], grid.out_dir) == ["models.solver_model.optim.lr", "train.steps"]
+    with pytest.raises(GridError, match=r"2 run folder\(s\).*math_nonsharing_grpo_s0: models.solver_model.optim.lr, "
+                                        r"train.steps.*--stale rerun"):
+        run_grid(grid)
+    assert all(run_status(grid.out_dir / r.name) == "done" for r in grid.runs)  # nothing touched
+
+    set_aside_stale(grid, grid.runs[:1], "keep")  # kept as they are
+    assert run_status(grid.out_dir / grid.runs[0].name) == "done"
+    set_aside_stale(grid, grid.runs[:1], "rerun")  # moved aside, nothing deleted: the run starts afresh
+    name = grid.runs[0].name
+    assert run_status(grid.out_dir / name) == "todo"
+    assert (grid.out_dir / f"{name}.stale-1" / "DONE").exists()
+    assert run_status(grid.out_dir / grid.runs[1].name) == "done"
 
 
 def _runner(spec: Path, log: Path) -> subprocess.Popen:

@@ -40,6 +40,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gen-people", type=int, default=generated.KBConfig.n_people, help="people in the generated KB")
     parser.add_argument("--gen-train", type=int, default=500, help="generated training questions")
     parser.add_argument("--gen-test", type=int, default=100, help="generated test questions")
+    parser.add_argument("--gen-kb", type=_kb_fields, default={},
+                        help="KB sizes as a YAML mapping of KBConfig fields, e.g. the run config's env.args.kb: "
+                             "'{n_countries: 12, n_cities: 60, n_companies: 60, n_people: 500}' (overrides --gen-people; "
+                             "a retrieval server for a run must serve the corpus of that run's KB)")
+
+
+def _kb_fields(text: str) -> dict[str, Any]:
+    """``--gen-kb``: a YAML mapping whose keys are KBConfig fields."""
+    import dataclasses
+
+    import yaml
+
+    value = yaml.safe_load(text)
+    known = {f.name for f in dataclasses.fields(generated.KBConfig)} - {"seed"}
+    if not isinstance(value, dict) or set(value) - known:
+        raise argparse.ArgumentTypeError(f"--gen-kb wants a mapping of {sorted(known)} (seed: --gen-seed), got {text!r}")
+    return value
 
 
 def rows(ts: list[Any]) -> list[dict[str, Any]]:
@@ -76,7 +93,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     corpora = [(name, load_corpus(resolve_corpus_path(name))) for name in args.corpus]
     if "generated" in args.what:
         gen_dir = out / "generated" / f"seed{args.gen_seed}"
-        kb = generated.generate_kb(generated.KBConfig(n_people=args.gen_people, seed=args.gen_seed))
+        kb = generated.generate_kb(generated.KBConfig(**{"n_people": args.gen_people, **getattr(args, "gen_kb", {}),
+                                                         "seed": args.gen_seed}))
         train, test = generated.generate_splits(kb, args.gen_train, args.gen_test, seed=args.gen_seed)
         _write(files, counts, "generated/corpus", kb.passages, gen_dir / "corpus.jsonl")
         _write(files, counts, "generated/train", rows(train), gen_dir / "train.jsonl")
