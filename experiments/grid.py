@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import functools
 import itertools
 import json
 import logging
@@ -245,13 +246,20 @@ def _start_warm_up(grid: Grid) -> list[tuple[str, Path, subprocess.Popen]]:
     return procs
 
 
-def checkpoints_ready(run: Run) -> bool:
-    """Whether every model checkpoint the run starts from exists (else it waits for the warm-up)."""
+@functools.lru_cache(maxsize=None)
+def _start_checkpoints(config: str, overrides: tuple[str, ...]) -> tuple[Path, ...]:
+    """The ``config.json`` files of the checkpoints a run builds its models from (the warm-up writes them);
+    cached: the runner asks every second while warm-ups run."""
     from drmas.config import load_config
 
-    cfg = load_config(ROOT / run.config if not Path(run.config).is_absolute() else run.config, run.overrides)
-    return all(m.path is None or (Path(m.path) if Path(m.path).is_absolute() else ROOT / m.path).joinpath(
-        "config.json").exists() or m.preset is None for m in cfg.models.values())
+    cfg = load_config(ROOT / config if not Path(config).is_absolute() else config, list(overrides))
+    return tuple((Path(m.path) if Path(m.path).is_absolute() else ROOT / m.path) / "config.json"
+                 for m in cfg.models.values() if m.path is not None and m.preset is not None)
+
+
+def checkpoints_ready(run: Run) -> bool:
+    """Whether every model checkpoint the run starts from exists (else it waits for the warm-up)."""
+    return all(path.exists() for path in _start_checkpoints(run.config, tuple(run.overrides)))
 
 
 def run_grid(grid: Grid, jobs: int = 2, only: str | None = None, dry_run: bool = False,
@@ -327,7 +335,8 @@ def run_grid(grid: Grid, jobs: int = 2, only: str | None = None, dry_run: bool =
                 logger.error("[grid] %s FAILED (%s); log: %s", run.name, failed[run.name], log)
             done = len(todo) - len(queue) - len(running)
             elapsed = time.perf_counter() - t_start
-            eta = elapsed / done * (len(todo) - done) if done else float("nan")
+            # the runs left times the mean run so far, spread over the lanes (warm-up time excluded)
+            eta = sum(timings.values()) / len(timings) * (len(todo) - done) / jobs
             logger.info("[grid] %s finished in %.0fs - %d/%d runs done, %.1f min elapsed, ~%.1f min left",
                         run.name, timings[run.name], done, len(todo), elapsed / 60, eta / 60)
             write_index(grid, timings, failed)

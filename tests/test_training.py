@@ -155,3 +155,24 @@ def test_nonfinite_gradients_skip_the_step_then_stop_with_a_checkpoint(warm, mon
     for (name, p), q in zip(t.backend.workers["solver_model"].model.named_parameters(), initial.parameters()):
         assert torch.equal(p, q), name
     t.close()
+
+
+def test_a_checkpoint_does_not_depend_on_the_config_that_builds_it(tmp_path):
+    """The same (preset, roles, sft block) gives the same weights whichever config warms it up and at
+    whichever position of its `models` it stands (a grid warms a base once, from any of its configs)."""
+    import torch
+
+    from drmas.models.factory import load_policy
+
+    def cfg(order, tag):
+        paths = {"solver_model": f"{{preset: nano, path: {tmp_path}/{tag}_solver}}",
+                 "verifier_model": f"{{preset: nano, path: {tmp_path}/{tag}_verifier}}"}
+        return _config(tmp_path, tag, "models={" + ", ".join(f"{k}: {paths[k]}" for k in order) + "}",
+                       "sft.traces=60", "sft.steps=2")
+
+    warmup(cfg(["solver_model", "verifier_model"], "a"), progress=False)
+    warmup(cfg(["verifier_model", "solver_model"], "b"), progress=False)  # the solver is built second here
+    a, _ = load_policy(str(tmp_path / "a_solver"))
+    b, _ = load_policy(str(tmp_path / "b_solver"))
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), name
