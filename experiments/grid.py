@@ -154,6 +154,11 @@ def run_status(run_dir: Path) -> str:
     return "todo"
 
 
+def _in_repo(path: str | Path) -> Path:
+    """A path of a grid spec or config: relative ones are relative to the repository root."""
+    return Path(path) if Path(path).is_absolute() else ROOT / path
+
+
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:
     """A run's config without what names its folder (``name``, ``out_dir``, the derived DeepSpeed dir)."""
     config = {k: v for k, v in config.items() if k not in ("name", "out_dir")}
@@ -182,8 +187,7 @@ def config_changes(run: Run, out_dir: Path) -> list[str]:
     saved_file = out_dir / run.name / "config.yaml"
     if not saved_file.exists():
         return []
-    config = ROOT / run.config if not Path(run.config).is_absolute() else Path(run.config)
-    current = yaml.safe_load(dump_config(load_config(config, run.train_overrides(out_dir))))
+    current = yaml.safe_load(dump_config(load_config(_in_repo(run.config), run.train_overrides(out_dir))))
     try:
         saved = yaml.safe_load(dump_config(load_config(saved_file, [])))
     except ConfigError as exc:
@@ -252,8 +256,8 @@ def _start_checkpoints(config: str, overrides: tuple[str, ...]) -> tuple[Path, .
     cached: the runner asks every second while warm-ups run."""
     from drmas.config import load_config
 
-    cfg = load_config(ROOT / config if not Path(config).is_absolute() else config, list(overrides))
-    return tuple((Path(m.path) if Path(m.path).is_absolute() else ROOT / m.path) / "config.json"
+    cfg = load_config(_in_repo(config), list(overrides))
+    return tuple(_in_repo(m.path) / "config.json"
                  for m in cfg.models.values() if m.path is not None and m.preset is not None)
 
 

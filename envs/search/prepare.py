@@ -12,9 +12,12 @@ and builds/caches an index for every ``--corpus`` x ``--backend`` (and the gener
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from envs.paths import data_cache_dir
 from envs.search import generated, tasks
@@ -48,10 +51,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _kb_fields(text: str) -> dict[str, Any]:
     """``--gen-kb``: a YAML mapping whose keys are KBConfig fields."""
-    import dataclasses
-
-    import yaml
-
     value = yaml.safe_load(text)
     known = {f.name for f in dataclasses.fields(generated.KBConfig)} - {"seed"}
     if not isinstance(value, dict) or set(value) - known:
@@ -93,7 +92,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     corpora = [(name, load_corpus(resolve_corpus_path(name))) for name in args.corpus]
     if "generated" in args.what:
         gen_dir = out / "generated" / f"seed{args.gen_seed}"
-        kb = generated.generate_kb(generated.KBConfig(**{"n_people": args.gen_people, **getattr(args, "gen_kb", {}),
+        kb = generated.generate_kb(generated.KBConfig(**{"n_people": args.gen_people, **args.gen_kb,
                                                          "seed": args.gen_seed}))
         train, test = generated.generate_splits(kb, args.gen_train, args.gen_test, seed=args.gen_seed)
         _write(files, counts, "generated/corpus", kb.passages, gen_dir / "corpus.jsonl")
