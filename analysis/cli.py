@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import MISSING, fields
-from typing import Any, get_type_hints
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 
 def parse_dataclass_args(cls: type, prog: str, description: str, argv: list[str] | None = None) -> Any:
     """``cls(**parsed)``: a bool field is a flag, a field without default a required option."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     hints = get_type_hints(cls)
+    for name, hint in hints.items():  # Optional[X] fields parse as X (default None)
+        if get_origin(hint) is Union and type(None) in get_args(hint):
+            hints[name] = next(a for a in get_args(hint) if a is not type(None))
     for f in fields(cls):
         flag = "--" + f.name.replace("_", "-")
         if hints[f.name] is bool:

@@ -14,6 +14,9 @@ reward_stats_{task}            μk, σk per agent against μ, σ over training (
                                (σk² + (μk − μ)²)/σ² (bottom), one column per multi-agent setting (first seed)
 hetero_{task}                  heterogeneous vs homogeneous non-sharing Dr. MAS: tokens per agent, generation
                                seconds, inference cost per step, Average accuracy (Figure 5)
+mechanism                      the mechanism sweep: per (level, seed, agent), the grad-norm ratio global baseline /
+                               Dr. MAS (left) and the realized E_k[A²] ratio (right) against the agent's Lemma 4.2
+                               factor, with the Lemma's prediction (√factor, factor) drawn in
 ============================== ===================================================================================
 """
 from __future__ import annotations
@@ -263,6 +266,45 @@ def fig_hetero(eff: pd.DataFrame, summary: pd.DataFrame, task: str = "search") -
     ax4.set(ylabel="eval Average (%)", title="accuracy (95 % CI)")
     ax4.legend(fontsize=7)
     fig.suptitle(f"Heterogeneous model assignment, {task} (paper Figure 5)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+AGENT_MARKERS = ("o", "s", "^", "D", "v")
+
+
+def fig_mechanism(points: pd.DataFrame) -> Figure | None:
+    """Ratio vs factor per (level, seed, agent) of the mechanism sweep, one colour per level, one marker per
+    agent, filled for trajectory GRPO and open for pooled GRPO (see analysis/mechanism.py)."""
+    if points.empty:
+        return None
+    fig = _figure(10, 4.2)
+    ax_n, ax_a = fig.subplots(1, 2)
+    levels = sorted(points["level"].unique())
+    cmap = [f"C{i}" for i in range(len(levels))]
+    agents = sorted(points["agent"].unique())
+    for (baseline, level, agent), g in points.groupby(["baseline", "level", "agent"]):
+        color = cmap[levels.index(level)]
+        marker = AGENT_MARKERS[agents.index(agent) % len(AGENT_MARKERS)]
+        face = color if baseline == "trajectory_grpo" else "none"
+        for ax, col in ((ax_n, "ratio"), (ax_a, "a2_ratio")):
+            ax.scatter(g["factor"], g[col], marker=marker, facecolors=face, edgecolors=color, s=28, zorder=3)
+    top = max(float(points["factor"].max()), 1.5) * 1.15
+    x = np.linspace(0.05, top, 200)
+    ax_n.plot(x, np.sqrt(x), "k--", lw=1, label="Lemma 4.2: √factor")
+    ax_a.plot(x, x, "k--", lw=1, label="Lemma 4.2: factor")
+    for ax, title in ((ax_n, "grad-norm ratio (mean over steps)"), (ax_a, "E_k[A²] ratio")):
+        ax.axhline(1.0, color="0.6", lw=0.8)
+        ax.set_xlabel("Lemma 4.2 factor of the global baseline (mean over steps)")
+        ax.set_ylabel(f"{title}: global baseline / Dr. MAS")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    handles = [ax_n.scatter([], [], color=cmap[i], marker="o", s=28, label=f"miss rate {lv:g}") for i, lv in enumerate(levels)]
+    handles += [ax_n.scatter([], [], color="0.3", marker=AGENT_MARKERS[i % len(AGENT_MARKERS)], s=28, label=a)
+                for i, a in enumerate(agents)]
+    ax_n.legend(handles=handles + ax_n.get_lines()[-1:], fontsize=7, loc="upper left")
+    ax_a.legend(fontsize=7, loc="upper left")
+    fig.suptitle("Mechanism sweep (search): filled = trajectory GRPO, open = pooled step-level GRPO", fontsize=10)
     fig.tight_layout()
     return fig
 

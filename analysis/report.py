@@ -13,7 +13,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
@@ -21,6 +21,7 @@ import yaml
 
 from analysis import figures as figs
 from analysis.cli import parse_dataclass_args
+from analysis.mechanism import MIN_POINTS, MechanismVerdict, level_table, mechanism_points, mechanism_verdict
 from analysis.runs import GridData, describe_scale, final_evals, load_grid
 from analysis.stats import N_BOOT, kendall_tau, spearman
 from analysis.tables import (ABLATION, DATA, PAIRS, PAPER_ABLATION_ORDER, PRICES_YAML, TABLE_OF_TASK, ablation_long, ablation_seeds,
@@ -36,9 +37,11 @@ REPRODUCED, NOT_REPRODUCED, NEEDS_GPU, NOT_RUN, FINDING = (
 FACTOR_REGIME = 2.0  # Lemma 4.2 factor from which the predicted gradient second-moment inflation is "large"
 
 RULES = {
-    "a": f"not run without GRPO/Dr. MAS pairs; needs GPU scale if no GRPO agent reaches a mean Lemma factor >= "
-         f"{FACTOR_REGIME:g} (no inflation to see); else reproduced if the GRPO/Dr. MAS grad-norm ratio rises with the "
-         "factor across (setting, seed, agent) pairs (Spearman rho > 0, p < 0.05), not reproduced otherwise",
+    "a": f"decided on the mechanism sweep (trajectory GRPO vs Dr. MAS, same seeds; analysis/mechanism.py): not run with "
+         f"fewer than {MIN_POINTS} (level, seed, agent) points; not produced if no agent's mean Lemma factor under GRPO "
+         f"reaches {FACTOR_REGIME:g}; else reproduced if the GRPO/Dr. MAS grad-norm ratio rises with the factor "
+         "(Spearman rho > 0, p < 0.05), not reproduced otherwise. Without a sweep, the same rule on the main grid's "
+         "(setting, seed, agent) pairs",
     "b": "needs GPU scale if GRPO runs show no spike and no non-finite norm (nothing to remove); else reproduced if "
          "Dr. MAS has fewer spikes + non-finite norms than GRPO and a lower max grad norm in most agent pairs, "
          "not reproduced otherwise",
@@ -87,10 +90,12 @@ class Analysis:
     hetero_delta: pd.DataFrame
     headline: pd.DataFrame
     scale: dict[str, Any]
+    mechanism: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """points of the mechanism sweep (:func:`analysis.mechanism.mechanism_points`); empty without a sweep"""
 
 
-def analyze(data: GridData, seed: int = 0, n_boot: int = N_BOOT) -> Analysis:
-    """All tables' numbers (bootstrap with ``numpy.random.default_rng(seed)``)."""
+def analyze(data: GridData, seed: int = 0, n_boot: int = N_BOOT, mechanism: GridData | None = None) -> Analysis:
+    """All tables' numbers (bootstrap with ``numpy.random.default_rng(seed)``); ``mechanism``: the sweep's runs."""
     rng = np.random.default_rng(seed)
     paper = load_paper()
     claims_paper = yaml.safe_load((DATA / "paper_claims.yaml").read_text())
@@ -119,7 +124,8 @@ def analyze(data: GridData, seed: int = 0, n_boot: int = N_BOOT) -> Analysis:
     return Analysis(data=data, paper=paper, claims_paper=claims_paper, final=final, acc=acc, deltas=deltas,
                     pooled=pooled, ablation=abl, ablation_extra=abl_extra, ablation_seeds=abl_seeds, gradnorm=gn,
                     pairs=gradnorm_pairs(gn), efficiency=eff, efficiency_summary=eff_sum, hetero_delta=hetero_delta,
-                    headline=headline_table(acc, paper), scale=describe_scale(data))
+                    headline=headline_table(acc, paper), scale=describe_scale(data),
+                    mechanism=mechanism_points(mechanism) if mechanism is not None else pd.DataFrame())
 
 
 # ------------------------------------------------------------------------------------------ claims
@@ -132,6 +138,10 @@ def claim_lemma(an: Analysis) -> Claim:
              "inflates when the factor does (Prop. 4.3)")
     title = "Lemma 4.2 / Prop. 4.3: gradient-norm inflation under the global baseline"
     p = an.pairs
+    main = _main_grid_factors(p)
+    if len(an.mechanism):
+        v = mechanism_verdict(an.mechanism, "trajectory_grpo")
+        return Claim("a", title, paper, _mechanism_text(v, an.mechanism) + "; main grid: " + main, v.verdict)
     if p.empty:
         return Claim("a", title, paper, "no GRPO / Dr. MAS pair", NOT_RUN)
     rho, pv = spearman(p["factor_mean_grpo"], p["ratio_mean"])
@@ -150,6 +160,30 @@ def claim_lemma(an: Analysis) -> Claim:
     else:
         verdict = REPRODUCED if np.isfinite(rho) and rho > 0 and pv < 0.05 else NOT_REPRODUCED
     return Claim("a", title, paper, ours, verdict)
+
+
+def _main_grid_factors(p: pd.DataFrame) -> str:
+    """The largest mean Lemma factor of a GRPO agent in the main grid, per task (with its step max)."""
+    if p.empty or "factor_mean_grpo" not in p or not p["factor_mean_grpo"].notna().any():
+        return "no GRPO / Dr. MAS pair with factors"
+    parts = []
+    for task, g in p.dropna(subset=["factor_mean_grpo"]).groupby("task"):
+        top = g.loc[g["factor_mean_grpo"].idxmax()]
+        parts.append(f"{task}: largest mean factor under GRPO {top['factor_mean_grpo']:.2f} ({top['assignment']}/"
+                     f"{top['agent']}, seed {top['seed']}, step max {top['factor_max_grpo']:.2f}; largest step max "
+                     f"{g['factor_max_grpo'].max():.2f}), grad-norm ratio GRPO/Dr. MAS median {g['ratio_mean'].median():.2f}")
+    return "; ".join(parts)
+
+
+def _mechanism_text(v: MechanismVerdict, points: pd.DataFrame) -> str:
+    lv = level_table(points[points["baseline"] == v.baseline])
+    per_level = ", ".join(f"{level:g}: {g['factor'].max():.2f} / {g.loc[g['factor'].idxmax(), 'ratio']:.2f}"
+                          for level, g in lv.groupby("level"))
+    return (f"sweep over miss rate {v.levels} x seeds {v.seeds}: {v.n_points} (level, seed, agent) points; largest mean "
+            f"factor under trajectory GRPO {v.factor_max_mean:.2f} (step max {v.factor_max_step:.2f}); per level, largest "
+            f"agent factor / its grad-norm ratio GRPO/Dr. MAS: {per_level}; Spearman rho(factor, ratio) = {v.rho:.2f} "
+            f"(p = {v.p:.2g}); at step 0 (identical rollouts) {v.rho_step0:.2f} (p = {v.p_step0:.2g}); rho(factor, E_k[A²] "
+            f"ratio) = {v.rho_a2:.2f} (p = {v.p_a2:.2g}); median ratio / √factor = {v.sqrt_fit:.2f} (Lemma: 1)")
 
 
 def claim_spikes(an: Analysis) -> Claim:
@@ -317,6 +351,11 @@ def write_tables(an: Analysis, out: Path) -> list[Path]:
                 "nonfinite_drmas", "ratio_mean", "ratio_max"]
         paths += write_table(out, "gradnorm_pairs", an.pairs[cols].set_index(["task", "assignment", "seed", "agent"]),
                              an.pairs, "GRPO vs Dr. MAS per (task, assignment, seed, agent)")
+    if len(an.mechanism):
+        lv = level_table(an.mechanism)
+        paths += write_table(out, "mechanism", lv.set_index(["baseline", "level", "agent"]), an.mechanism,
+                             "Mechanism sweep: per (baseline, miss rate, agent), mean over seeds of the Lemma 4.2 factor "
+                             "under the baseline and the grad-norm / E_k[A²] ratios baseline / Dr. MAS (CSV: every point)")
     if len(an.efficiency_summary):
         e = an.efficiency_summary
         shown = pd.DataFrame({
@@ -354,10 +393,11 @@ def _scale_text(scale: dict[str, Any]) -> str:
 
 
 def report_markdown(an: Analysis, claims: list[Claim], out: Path, tables_dir: Path, figures: list[Path],
-                    runs_dir: Path) -> str:
+                    runs_dir: Path, mechanism_dir: Path | None = None) -> str:
     theory = next((p for p in (out / "theory" / "summary.md", ROOT / "results" / "theory" / "summary.md") if p.exists()), None)
     lines = ["# Dr. MAS reproduction: claims and verdicts", "",
-             f"Generated by `python -m analysis.report --runs {runs_dir}`; every number below is computed from the run "
+             f"Generated by `python -m analysis.report --runs {runs_dir}"
+             + (f" --mechanism {mechanism_dir}" if mechanism_dir else "") + "`; every number below is computed from the run "
              "directories (the paper's from `analysis/data/`). Percent points (pts) are Dr. MAS − GRPO unless named; ± "
              "is the half-width of a 95 % bootstrap interval over eval tasks.", "",
              "**Scale.** " + _scale_text(an.scale), "",
@@ -383,21 +423,23 @@ def report_markdown(an: Analysis, claims: list[Claim], out: Path, tables_dir: Pa
 
 
 def make_report(runs: Path, out: Path = Path("results"), figures_dir: Path = Path("paper_figures"), seed: int = 0,
-                n_boot: int = N_BOOT, with_figures: bool = True) -> Path:
-    """Load ``runs``, write tables, figures and ``out/REPORT.md``; return the report's path."""
+                n_boot: int = N_BOOT, with_figures: bool = True, mechanism: Path | None = None) -> Path:
+    """Load ``runs`` (and the mechanism sweep's ``mechanism`` directory, if given), write tables, figures and
+    ``out/REPORT.md``; return the report's path."""
     data = load_grid(runs)
-    an = analyze(data, seed=seed, n_boot=n_boot)
+    an = analyze(data, seed=seed, n_boot=n_boot, mechanism=load_grid(mechanism) if mechanism else None)
     tables_dir = Path(out) / "tables"
     write_tables(an, tables_dir)
     fig_paths = []
     if with_figures:
         seeds = next(iter(an.ablation_seeds.values()), None)
         fig_paths = figs.write_figures(data, figures_dir, an.efficiency, an.efficiency_summary, seeds)
+        fig_paths += figs.save(figs.fig_mechanism(an.mechanism), figures_dir, "mechanism")
     claims = build_claims(an)
     pd.DataFrame([{"key": c.key, "claim": c.claim, "paper": c.paper, "ours": c.ours, "verdict": c.verdict,
                    "rule": c.rule} for c in claims]).to_csv(tables_dir / "claims.csv", index=False)
     path = Path(out) / "REPORT.md"
-    path.write_text(report_markdown(an, claims, Path(out), tables_dir, fig_paths, Path(runs)))
+    path.write_text(report_markdown(an, claims, Path(out), tables_dir, fig_paths, Path(runs), mechanism))
     logger.info("wrote %s, %d tables in %s, %d figure files in %s", path, len(list(tables_dir.glob("*.md"))),
                 tables_dir, len(fig_paths), figures_dir)
     return path
@@ -412,6 +454,8 @@ class Args:
     seed: int = field(default=0, metadata={"help": "seed of the bootstrap Generator"})
     n_boot: int = field(default=N_BOOT, metadata={"help": "bootstrap replicates per interval"})
     no_figures: bool = field(default=False, metadata={"help": "skip the figures"})
+    mechanism: Optional[Path] = field(default=None, metadata={"help": "the mechanism sweep's grid directory, e.g. "
+                                                                         "results/runs/mechanism (claim a)"})
 
 
 def parse_args(argv: list[str] | None = None) -> Args:
@@ -422,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        path = make_report(args.runs, args.out, args.figures, args.seed, args.n_boot, not args.no_figures)
+        path = make_report(args.runs, args.out, args.figures, args.seed, args.n_boot, not args.no_figures, args.mechanism)
     except (FileNotFoundError, ValueError) as exc:
         print(f"analysis.report: {exc}", file=sys.stderr)
         return 2

@@ -7,7 +7,7 @@ with ``metrics.jsonl`` (one line per RL step), ``eval.jsonl`` (one line per eval
 =========== =====================================================================================================
 frame       one row per
 =========== =====================================================================================================
-runs        run: the index tags (task, setting, estimator, assignment, entry, seed), status, seconds, path,
+runs        run: the index tags (task, setting, estimator, assignment, entry, seed, level), status, seconds, path,
             n_steps, last_step, last_eval_step, usable (done, with a final eval), problem (why not usable)
 steps       (run, step): every ``metrics.jsonl`` key as a column (wide; keys a run lacks are NaN)
 agents      (run, step, agent): grad_norm, spike, spike_ratio, reward_mean (μk), reward_std (σk), lemma_factor,
@@ -37,7 +37,7 @@ import pandas as pd
 
 logger = logging.getLogger(__name__)
 
-TAGS = ("task", "setting", "estimator", "assignment", "entry", "seed")
+TAGS = ("task", "setting", "estimator", "assignment", "entry", "seed", "level")  # level: a sweep's knob value
 RUN_COLUMNS = ["run", *TAGS, "status", "seconds", "path", "n_steps", "last_step", "last_eval_step", "usable", "problem"]
 EVAL_COLUMNS = ["run", "step", "benchmark", "avg", "pass", "k", "n_tasks", "successes"]
 

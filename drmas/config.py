@@ -148,6 +148,8 @@ class AgentConfig(Strict):
     lr: Optional[float] = Field(None, gt=0, description="overrides the model's optim.lr")
     warmup_steps: Optional[int] = Field(None, ge=0, description="overrides the model's optim.warmup_steps")
     micro_batch_size: Optional[PositiveInt] = Field(None, description="overrides optim.micro_batch_size")
+    invalid_penalty: Optional[float] = Field(None, ge=0, description="this agent's c in score = R - c (1 - valid); "
+                                             "overrides algo.invalid_penalty (paper: one c per task)")
 
     @field_validator("role")
     @classmethod
@@ -177,7 +179,8 @@ class AlgoConfig(Strict):
     aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = "token_mean"
     kl_coef: float = Field(0.0, ge=0)
     entropy_coef: float = Field(0.0, ge=0)
-    invalid_penalty: float = Field(0.1, ge=0, description="c in score = R - c (1 - valid); math 0.1, search 0.01")
+    invalid_penalty: float = Field(0.1, ge=0, description="c in score = R - c (1 - valid); math 0.1, search 0.01 "
+                                   "(agents[i].invalid_penalty overrides it per agent)")
 
 
 class EnvConfig(Strict):
@@ -232,6 +235,8 @@ class TrainConfig(Strict):
     batch_tasks: PositiveInt = Field(16, description="tasks per step (paper: math 32, search 128)")
     group_size: PositiveInt = Field(8, description="trajectories per task (paper: math 8, search 5)")
     seed: int = 0
+    evaluate: bool = Field(True, description="false: no evaluation at all (sweeps that measure training statistics "
+                           "only, e.g. experiments/grids/mechanism.yaml)")
     eval_every: int = Field(25, ge=0, description="evaluate every N steps (0 = only at start and end)")
     eval_tasks: int = Field(64, ge=0, description="evaluation tasks")
     eval_samples: PositiveInt = Field(4, description="samples per evaluation task (paper: 16)")
@@ -348,10 +353,17 @@ class RunConfig(Strict):
                 setattr(optim, field, next(iter(values.values())))
         return optim
 
+    def invalid_penalties(self) -> dict[str, float]:
+        """c per agent: ``agents[i].invalid_penalty`` where set, else ``algo.invalid_penalty``."""
+        return {a.name: self.algo.invalid_penalty if a.invalid_penalty is None else a.invalid_penalty
+                for a in self.agents}
+
     def effective_agents(self) -> dict[str, dict[str, Any]]:
         """Per-agent view written to the manifest: role, model, sampling and the optimizer it trains with."""
+        penalties = self.invalid_penalties()
         return {a.name: {"role": a.role, "model": a.model, "sampling": a.sampling.model_dump(),
-                         "optim": self.effective_optim(a.model).model_dump()} for a in self.agents}
+                         "optim": self.effective_optim(a.model).model_dump(), "invalid_penalty": penalties[a.name]}
+                for a in self.agents}
 
     @property
     def run_dir(self) -> Path:

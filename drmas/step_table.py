@@ -69,10 +69,19 @@ class StepTable:
     def response_len(self) -> np.ndarray:
         return np.fromiter((len(r) for r in self.response_ids), np.int64, len(self.response_ids))
 
-    def assign_rewards(self, traj_reward: np.ndarray, invalid_penalty: float) -> None:
-        """Team reward: every step of trajectory i gets R_i; score = R - c (1 - valid) (NOTES §1)."""
+    def assign_rewards(self, traj_reward: np.ndarray, invalid_penalty: float | dict[str, float]) -> None:
+        """Team reward: every step of trajectory i gets R_i; score = R - c (1 - valid) (NOTES §1), with one c
+        for every agent or one per agent name (``{agent: c}``, every agent of the table present)."""
         self.reward = np.asarray(traj_reward, np.float64)[self.traj]
-        self.score = self.reward - invalid_penalty * (~self.valid).astype(np.float64)
+        if isinstance(invalid_penalty, dict):
+            missing = sorted(set(self.agent) - set(invalid_penalty))
+            if missing:
+                raise KeyError(f"no invalid_penalty for agents {missing}")
+            names, row_name = np.unique(self.agent.astype(str), return_inverse=True)
+            c = np.array([invalid_penalty[n] for n in names], np.float64)[row_name]
+        else:
+            c = np.float64(invalid_penalty)
+        self.score = self.reward - c * (~self.valid).astype(np.float64)
 
     def to_frame(self, with_text: bool = False):
         """A pandas view (analysis, step dumps); token ids are summarized by their lengths."""

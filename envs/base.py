@@ -53,8 +53,9 @@ class Env(abc.ABC):
     name: str = "base"
 
     @abc.abstractmethod
-    def reset(self, tasks: Sequence[Task]) -> list[str]:
-        """Start one episode per task; return the initial observations."""
+    def reset(self, tasks: Sequence[Task], seed: int | None = None) -> list[str]:
+        """Start one episode per task; return the initial observations. ``seed`` seeds the environment's own
+        randomness for these episodes (environments without randomness ignore it)."""
 
     @abc.abstractmethod
     def step(self, actions: Sequence[str], idx: Sequence[int] | np.ndarray | None = None) -> StepOutput:

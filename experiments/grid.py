@@ -236,12 +236,19 @@ def write_index(grid: Grid, timings: dict[str, float], failed: dict[str, str]) -
     return out / "index.json"
 
 
-def _start_warm_up(grid: Grid) -> list[tuple[str, Path, subprocess.Popen]]:
-    """Start the SFT warm-up of every ``sft`` config of the grid, all at once, in the background (each
-    ``drmas sft`` runs its own checkpoints in parallel processes and returns at once when they exist;
-    two warm-ups of one task source serialize on a lock in drmas/trainer/warmup.py)."""
+def warm_ups_needed(grid: Grid, runs: list[Run]) -> list[str]:
+    """The grid's ``sft`` configs that build a missing checkpoint one of ``runs`` starts from."""
+    needed = {path for r in runs for path in _start_checkpoints(r.config, tuple(r.overrides)) if not path.exists()}
+    return [config for config in grid.sft if needed & set(_start_checkpoints(config, ()))]
+
+
+def _start_warm_up(grid: Grid, runs: list[Run]) -> list[tuple[str, Path, subprocess.Popen]]:
+    """Start the SFT warm-up of every ``sft`` config of the grid that builds a missing checkpoint one of
+    ``runs`` starts from, all at once, in the background (each ``drmas sft`` runs its own checkpoints in
+    parallel processes and returns at once when they exist; two warm-ups of one task source serialize on a
+    lock in drmas/trainer/warmup.py). ``--only math_*`` warms up only the math base."""
     procs = []
-    for config in grid.sft:
+    for config in warm_ups_needed(grid, runs):
         log = grid.out_dir / "logs" / f"sft_{Path(config).stem}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         logger.info("[grid] SFT warm-up: %s (log: %s)", config, log)
@@ -296,7 +303,7 @@ def run_grid(grid: Grid, jobs: int = 2, only: str | None = None, dry_run: bool =
     if not todo:
         write_index(grid, {}, {})
         return {}
-    warming = _start_warm_up(grid)
+    warming = _start_warm_up(grid, todo)
     timings: dict[str, float] = {}
     failed: dict[str, str] = {}
     running: list[tuple[Run, subprocess.Popen, float, Path]] = []

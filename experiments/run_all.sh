@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # The main job: regenerate the suite's results on this machine (default: CPU scale, the embedded default).
 #   bash experiments/run_all.sh [--scale cpu|paper] [--only STAGE[,STAGE...]] [--seeds N] [--runs PATTERN] [--jobs N]
-#                               [--stale error|rerun|keep]
-# Stages: bench, theory, train (the grid experiments/grids/<scale>.yaml), analysis. Sets up the environment
-# itself (idempotent). Resumable: complete runs are skipped, interrupted runs resume from their checkpoint.
+#                               [--stale error|rerun|keep] [--rebuild-bases]
+# Stages: bench, theory, train (the grid experiments/grids/<scale>.yaml, then at CPU scale the mechanism sweep
+# experiments/grids/mechanism.yaml), analysis. Sets up the environment itself (idempotent). Resumable: complete
+# runs are skipped, interrupted runs resume from their checkpoint. The SFT'd base checkpoints of the CPU grid are
+# shipped in results/sft/ (this scale's "pre-trained models"; results/sft/BASES.md says how they were made).
 #   --seeds N      seeds per grid entry (default: the grid's own; the CPU grid uses 2 for the main settings)
 #   --runs PATTERN only runs whose names match (fnmatch, comma-separated), e.g. 'math_*'
 #   --jobs N       runs at a time (default 2: one per core, one torch thread each)
 #   --stale MODE   run folders made with another config than the YAML gives now: stop and list them (error,
 #                  default), move them aside to <run>.stale-<k> and run again (rerun), or use them (keep)
+#   --rebuild-bases  move the shipped base checkpoints (results/sft) aside to results/sft.old-<time> and SFT them
+#                  again from scratch before the grid (~25 min on 2 cores; runs made from the old bases are kept:
+#                  delete results/runs/<grid> to redo them)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SCALE=cpu
@@ -17,6 +22,7 @@ SEEDS=""
 RUNS=""
 JOBS=2
 STALE=error
+REBUILD=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --scale) SCALE="$2"; shift 2 ;;
@@ -25,7 +31,8 @@ while [ $# -gt 0 ]; do
     --runs) RUNS="$2"; shift 2 ;;
     --jobs) JOBS="$2"; shift 2 ;;
     --stale) STALE="$2"; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --rebuild-bases) REBUILD=1; shift ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "run_all.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -55,13 +62,26 @@ if want theory; then
   fi
 fi
 GRID="experiments/grids/$SCALE.yaml"
+MECH="experiments/grids/mechanism.yaml"
+out_dir() { grep '^out_dir:' "$1" | cut -d' ' -f2; }
+if [ "$REBUILD" = 1 ] && [ -d results/sft ]; then
+  aside="results/sft.old-$(date +%Y%m%d-%H%M%S)"
+  echo "[run_all] --rebuild-bases: moving results/sft aside to $aside; the warm-up SFTs every base again"
+  mv results/sft "$aside"
+fi
 if want train; then
-  stage "train: the $SCALE grid ($GRID): SFT warm-up of the base checkpoints, then every run not yet complete"
+  stage "train: the $SCALE grid ($GRID): SFT warm-up of missing base checkpoints, then every run not yet complete"
   "$PY" -m experiments.grid run "$GRID" --jobs "$JOBS" --stale "$STALE" ${SEEDS:+--seeds "$SEEDS"} ${RUNS:+--only "$RUNS"}
+  if [ "$SCALE" = cpu ] && [ -z "$RUNS" ]; then
+    stage "train: the mechanism sweep ($MECH): retrieval-miss rate x estimator x seed, short runs without evaluation"
+    "$PY" -m experiments.grid run "$MECH" --jobs "$JOBS" --stale "$STALE"
+  fi
 fi
 if want analysis; then
-  stage "analysis: tables, figures, statistics and results/REPORT.md from $(grep '^out_dir:' "$GRID" | cut -d' ' -f2)"
-  "$PY" -m analysis.report --runs "$(grep '^out_dir:' "$GRID" | cut -d' ' -f2)" --out results --figures paper_figures
+  stage "analysis: tables, figures, statistics and results/REPORT.md from $(out_dir "$GRID")"
+  MECH_ARGS=()
+  if [ "$SCALE" = cpu ] && [ -f "$(out_dir "$MECH")/index.json" ]; then MECH_ARGS=(--mechanism "$(out_dir "$MECH")"); fi
+  "$PY" -m analysis.report --runs "$(out_dir "$GRID")" --out results --figures paper_figures "${MECH_ARGS[@]}"
 fi
 echo
 echo "[run_all] done."

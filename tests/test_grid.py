@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from experiments.grid import (ROOT, GridError, _split_values, config_changes, load_grid, run_grid, run_status,
-                             set_aside_stale, sweep_grid)
+                             set_aside_stale, sweep_grid, warm_ups_needed)
 
 
 def _write(path: Path, data) -> Path:
@@ -175,3 +175,22 @@ def test_mini_grid_survives_sigkill_and_restart(tmp_path):
     report = (tmp_path / "out" / "REPORT.md").read_text()
     assert "nonsharing" in report and "search" in report  # the math claims measured, the search ones "not run"
     assert (tmp_path / "out" / "tables").is_dir() and any((tmp_path / "figs").glob("*.png"))
+
+
+def test_only_warms_up_the_bases_its_runs_need(tmp_path):
+    """`--only math_*` starts the math warm-up only (it used to start the search warm-ups too); a base that
+    exists is not warmed up again."""
+    sft = tmp_path / "sft"
+    spec = _write(tmp_path / "g.yaml", {
+        "name": "g", "out_dir": str(tmp_path / "runs"),
+        "sft": ["experiments/configs/cpu/math_base.yaml", "experiments/configs/cpu/search_base.yaml"],
+        "runs": [{"name": "m", "config": "experiments/configs/cpu/math_base.yaml"},
+                 {"name": "s", "config": "experiments/configs/cpu/search_base.yaml"}]})
+    grid = load_grid(spec)
+    math_run = [r for r in grid.runs if r.name == "m_s0"]
+    needed = warm_ups_needed(grid, math_run)
+    base = ROOT / "results/sft/math/base_tiny/config.json"
+    assert needed == ([] if base.exists() else ["experiments/configs/cpu/math_base.yaml"])
+    search_base = ROOT / "results/sft/search/base_nano/config.json"
+    assert warm_ups_needed(grid, grid.runs) == [c for c, b in zip(grid.sft, (base, search_base)) if not b.exists()]
+    del sft

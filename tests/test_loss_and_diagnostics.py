@@ -141,3 +141,71 @@ def test_spike_statistic_batch_and_streaming_agree():
 def test_spike_rule_validation():
     with pytest.raises(ValueError, match="spike rule"):
         SpikeRule(window=3, min_history=5)
+
+
+def test_spike_rule_gives_no_verdict_on_a_near_zero_baseline():
+    """A Verifier whose gradient is ~1e-5 most steps: its occasional 0.2 step is not a spike (ratio NaN), while
+    the same jump over a real baseline is; batch and streaming forms agree."""
+    rule = SpikeRule(window=10, threshold=3.0, min_history=5)
+    tiny = [1e-5, 0.0, 2e-5, 1e-5, 3e-5, 0.2, 1e-5, 4e-4, 0.0, 2e-5]
+    frame = spike_ratios(tiny, rule)
+    assert not frame["spike"].any() and frame["ratio"].isna().all()
+    det = SpikeDetector(rule)
+    assert [det.update(v)[1] for v in tiny] == [False] * len(tiny)
+    real = [0.1, 0.12, 0.09, 0.11, 0.1, 0.5]
+    assert spike_ratios(real, rule)["spike"].tolist() == [False] * 5 + [True]
+    assert spike_ratios(tiny, SpikeRule(window=10, threshold=3.0, min_history=5, min_baseline=0.0))["spike"].any()
+
+
+def _slow_lemma_factor(score, task, agent, traj, baseline):
+    """Per (task, agent): (σk² + (μk − μb)²)/σb² written from the Lemma's definitions, one group at a time."""
+    out = {}
+    for t in sorted(set(task)):
+        rows = [i for i in range(len(score)) if task[i] == t]
+        trajs = sorted({traj[i] for i in rows})
+        traj_mean = {j: np.mean([score[i] for i in rows if traj[i] == j]) for j in trajs}
+        for k in sorted({agent[i] for i in rows}):
+            mine = [i for i in rows if agent[i] == k]
+            if baseline == "trajectory_grpo":
+                x = np.array([traj_mean[traj[i]] for i in mine])
+                ref = np.array([traj_mean[j] for j in trajs])
+            elif baseline == "pooled_grpo":
+                x, ref = np.array([score[i] for i in mine]), np.array([score[i] for i in rows])
+            else:  # drmas
+                x = ref = np.array([score[i] for i in mine])
+            mu, var = ref.mean(), ref.var()
+            if var > 1e-12 and len(ref) > 1:
+                out[(t, k)] = (x.var() + (x.mean() - mu) ** 2) / var
+    return out
+
+
+@pytest.mark.parametrize("baseline", ["trajectory_grpo", "pooled_grpo", "drmas"])
+def test_lemma_factors_match_the_lemma_definition(baseline):
+    from drmas.algos import lemma_factors
+
+    rng = np.random.default_rng(1)
+    n = 120
+    task = rng.integers(0, 5, n)
+    traj = task * 10 + rng.integers(0, 4, n)
+    agent = rng.choice(np.array(["v", "s", "a"], object), n)
+    score = rng.choice([0.0, 1.0, 0.9], n)
+    got = lemma_factors(score, task, agent, traj, baseline)
+    want = _slow_lemma_factor(score.tolist(), task.tolist(), agent.tolist(), traj.tolist(), baseline)
+    assert len(got) == len(want) > 0
+    for row in got.itertuples():
+        assert row.factor == pytest.approx(want[(row.task, row.agent)], rel=1e-5)
+    if baseline == "drmas":
+        assert np.allclose(got["factor"], 1.0, atol=1e-5)  # agent-wise normalization: factor exactly 1
+
+
+def test_lemma_factor_of_the_issue_worked_example():
+    """8 trajectories, 7 succeed without searching, 1 fails after 4 searches: the Search agent's factor is
+    (0 + 0.875²)/0.109 = 7 under trajectory GRPO; under Dr. MAS its constant group carries no gradient."""
+    from drmas.algos import lemma_factors
+
+    task, traj = [0] * 12, list(range(8)) + [7] * 4
+    agent = np.array(["verifier"] * 8 + ["search"] * 4, object)
+    score = np.array([1.0] * 7 + [0.0] * 5)
+    f = lemma_factors(score, task, agent, traj, "trajectory_grpo").set_index("agent")["factor"]
+    assert f["search"] == pytest.approx(7.0, rel=1e-6) and f["verifier"] == pytest.approx(1.0, rel=1e-6)
+    assert "search" not in set(lemma_factors(score, task, agent, traj, "drmas")["agent"])

@@ -10,7 +10,11 @@ gradients and one subtraction per agent.
 Spike statistic (the paper shows spikes but never defines one): for the norm series g_1, g_2, ...
 of one agent, ``ratio_t = g_t / median(g_{t-W}, ..., g_{t-1})`` over a rolling window of the previous
 W steps (at least ``min_history`` of them); step t is a *spike* when ``ratio_t > threshold`` or g_t is
-not finite. Defaults: W = 20, threshold = 3.0, min_history = 5.
+not finite. A window whose median is below ``min_baseline`` gives no ratio (NaN) and no spike: an agent whose
+gradient is ~0 most steps (all-zero advantages, near-deterministic outputs such as a Verifier's yes/no)
+would otherwise turn any non-zero step into a "spike" of ratio 10^3 (session 3 counted 13-15 such Verifier
+spikes in 30 steps). Defaults: W = 20, threshold = 3.0, min_history = 5, min_baseline = 1e-3 (the pre-clip
+norms of agents that learn are 0.05-2 at CPU scale).
 """
 from __future__ import annotations
 
@@ -22,6 +26,28 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 import torch
+
+
+def lemma_factors(scores, task_ids, agent_ids, traj_ids, baseline: str) -> pd.DataFrame:
+    """Lemma 4.2 factor of each agent in each task group, under the baseline (μ_b, σ_b) of ``baseline``
+    (an estimator of :data:`drmas.algos.ESTIMATORS`):
+
+        F_k = E_{Y_k}[(x − μ_b)²] / σ_b²  =  (σ_k² + (μ_k − μ_b)²) / σ_b²      (Lemma 4.2, population moments)
+
+    where x is the value the estimator normalizes for each of agent k's steps (``trajectory_grpo``: the
+    step's trajectory-mean score, μ_b and σ_b over the group's trajectories; ``pooled_grpo``: the step
+    score over all steps of the group; ``drmas``: agent k's own μ_k, σ_k, so F_k = 1). Computed as the
+    mean of A² over agent k's steps with A the estimator's advantage at population std and no ε
+    (``ddof=0, eps=0``). Normalization groups with σ_b = 0 (a constant group, or a single step: A = 0,
+    no gradient) are left out, as the Lemma divides by σ². Returns one row per (task, agent) with
+    ``factor`` and ``n`` (agent k's steps in the group)."""
+    from drmas.algos.advantages import compute_advantages
+
+    a = compute_advantages(scores, task_ids, agent_ids, traj_ids, estimator=baseline, ddof=0, eps=0.0,
+                           singleton="zero", scale_by_std=True).advantages.double().numpy()
+    frame = pd.DataFrame({"task": np.asarray(task_ids), "agent": np.asarray(agent_ids), "a2": a * a, "signal": a != 0})
+    g = frame.groupby(["task", "agent"], sort=False).agg(factor=("a2", "mean"), n=("a2", "size"), signal=("signal", "any"))
+    return g[g["signal"]].drop(columns="signal").reset_index()
 
 
 def grad_norm(params: Iterable[torch.nn.Parameter]) -> float:
@@ -61,10 +87,13 @@ class SpikeRule:
     window: int = 20  # W: how many previous steps the rolling median covers
     threshold: float = 3.0  # a step is a spike when g_t > threshold * median of the window
     min_history: int = 5  # no verdict before this many previous steps
+    min_baseline: float = 1e-3  # no verdict while the rolling median is below this (a ~0 gradient is no baseline)
 
     def __post_init__(self) -> None:
-        if self.window < 1 or self.min_history < 1 or self.min_history > self.window or self.threshold <= 1:
-            raise ValueError(f"invalid spike rule {self}: need window >= min_history >= 1 and threshold > 1")
+        if (self.window < 1 or self.min_history < 1 or self.min_history > self.window or self.threshold <= 1
+                or not self.min_baseline >= 0):
+            raise ValueError(f"invalid spike rule {self}: need window >= min_history >= 1, threshold > 1 and "
+                             "min_baseline >= 0")
 
 
 def spike_ratios(norms: Iterable[float], rule: SpikeRule = SpikeRule()) -> pd.DataFrame:
@@ -74,7 +103,7 @@ def spike_ratios(norms: Iterable[float], rule: SpikeRule = SpikeRule()) -> pd.Da
     s = pd.Series(np.asarray(list(norms), dtype=np.float64))
     finite = s.where(np.isfinite(s))
     median = finite.shift(1).rolling(rule.window, min_periods=rule.min_history).median()
-    ratio = s / median
+    ratio = s / median.where(median >= rule.min_baseline)
     spike = (ratio > rule.threshold) | ~np.isfinite(s)
     return pd.DataFrame({"norm": s, "ratio": ratio, "spike": spike.astype(bool)})
 
@@ -92,7 +121,7 @@ class SpikeDetector:
         finite = math.isfinite(norm)
         window = [h for h in self.history if math.isfinite(h)]
         ratio = float("nan")
-        if len(window) >= self.rule.min_history:
+        if len(window) >= self.rule.min_history and np.median(window) >= self.rule.min_baseline:
             with np.errstate(divide="ignore", invalid="ignore"):
                 ratio = float(np.float64(norm) / np.median(window))
         spike = (not finite) or (ratio > self.rule.threshold)

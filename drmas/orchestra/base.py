@@ -29,10 +29,12 @@ class CallFn(Protocol):
 
 @dataclass
 class Episodes:
-    """A batch of episodes: ``tasks[i]`` is episode i's task; the env holds their state."""
+    """A batch of episodes: ``tasks[i]`` is episode i's task; the env holds their state; ``seed`` seeds the
+    environment's randomness (e.g. retrieval misses) for this batch."""
 
     tasks: list[Task]
     env: Env
+    seed: int | None = None
     reward: np.ndarray = field(init=False)
     done: np.ndarray = field(init=False)
     info: list[dict[str, Any]] = field(init=False)
@@ -42,7 +44,7 @@ class Episodes:
         self.reward = np.zeros(n, np.float64)
         self.done = np.zeros(n, bool)
         self.info = [{} for _ in range(n)]
-        self.env.reset(self.tasks)
+        self.env.reset(self.tasks, seed=self.seed)
 
     def __len__(self) -> int:
         return len(self.tasks)

@@ -9,9 +9,15 @@ reward/mean, reward/std              outcome reward R over trajectories
 score/mean                           score = R − c·(1 − valid) over steps
 agent/{k}/reward_mean, _std          μk, σk: mean/std (ddof=1) of agent k's step scores, averaged over task groups
 task/mu, task/sigma                  μ, σ: trajectory-level task statistics of Eq. 2, averaged over task groups
-agent/{k}/lemma_factor               (σk² + (μk − μ)²) / σ² per task group (population stats, groups with σ > 0),
-                                     averaged: the Lemma 4.2 inflation factor of a global baseline
-agent/{k}/adv_mean, _std, _m2        moments of agent k's advantages; _absmax: max |A|
+agent/{k}/lemma_factor               Lemma 4.2 factor F_k = (σk² + (μk − μb)²) / σb² of agent k under the baseline
+                                     (μb, σb) of the run's own estimator, on the values that estimator normalizes
+                                     (trajectory GRPO: trajectory-mean scores; penalties included), per task group
+                                     (population moments, groups with σb > 0), averaged over groups
+                                     (``drmas.algos.lemma_factors``); _max: the largest group's; = 1 under Dr. MAS
+agent/{k}/lemma_factor_{b}           the same under the global baselines b = trajectory_grpo, pooled_grpo
+                                     (what a global baseline would do to this batch, whatever the run uses)
+agent/{k}/adv_mean, _std, _m2        moments of agent k's advantages (_m2 = realized E_k[A²] of the run's estimator
+                                     over the batch); _absmax: max |A|
 agent/{k}/steps                      |Yk| summed over the batch; /invalid_rate, /truncated_rate, /response_len
 agent/{k}/grad_norm                  pre-clip norm of agent k's contribution to its model's gradient (max over
                                      mini-batches); /spike_ratio, /spike: the spike statistic (docs/algorithms.md)
@@ -35,37 +41,57 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from drmas.algos import SpikeDetector
+from drmas.algos import SpikeDetector, lemma_factors
 from drmas.step_table import StepTable
 
 logger = logging.getLogger(__name__)
 
 
+GLOBAL_BASELINES = ("trajectory_grpo", "pooled_grpo")
+"""Estimators whose baseline is logged as ``lemma_factor_{b}`` in every run, for comparison."""
+
+
 def _agent_reward_stats(table: StepTable, traj_reward: np.ndarray, traj_task: np.ndarray) -> dict[str, float]:
-    """μk, σk, μ, σ and the Lemma 4.2 factor, computed per task group and averaged over groups."""
+    """μk, σk (agent k's step scores) and μ, σ (trajectory outcomes), per task group, averaged over groups."""
     steps = pd.DataFrame({"task": table.task, "agent": table.agent, "score": table.score})
     trajs = pd.DataFrame({"task": traj_task, "R": traj_reward})
-    task = trajs.groupby("task")["R"].agg(mu="mean", sigma="std", sigma_pop=lambda r: r.std(ddof=0))
-    agent = steps.groupby(["task", "agent"])["score"].agg(mu_k="mean", sigma_k="std", var_k=lambda s: s.var(ddof=0))
-    joined = agent.join(task, on="task")
-    pop_sigma2 = joined["sigma_pop"] ** 2
-    joined["factor"] = np.where(pop_sigma2 > 0, (joined["var_k"] + (joined["mu_k"] - joined["mu"]) ** 2) / pop_sigma2, np.nan)
+    task = trajs.groupby("task")["R"].agg(mu="mean", sigma="std")
+    agent = steps.groupby(["task", "agent"])["score"].agg(mu_k="mean", sigma_k="std")
     out: dict[str, float] = {"task/mu": float(task["mu"].mean()), "task/sigma": float(task["sigma"].mean(skipna=True))}
-    for name, g in joined.groupby(level="agent"):
+    for name, g in agent.groupby(level="agent"):
         out[f"agent/{name}/reward_mean"] = float(g["mu_k"].mean())
         out[f"agent/{name}/reward_std"] = float(g["sigma_k"].mean(skipna=True))
-        out[f"agent/{name}/lemma_factor"] = float(g["factor"].mean(skipna=True)) if g["factor"].notna().any() else float("nan")
+    return out
+
+
+def _lemma_factor_stats(table: StepTable, estimator: str) -> dict[str, float]:
+    """``lemma_factor`` (mean over task groups, and ``_max``) under the run's estimator, and
+    ``lemma_factor_{b}`` under each global baseline b (see the module table)."""
+    out: dict[str, float] = {}
+    for baseline in dict.fromkeys([estimator, *GLOBAL_BASELINES]):
+        per_group = lemma_factors(table.score, table.task, table.agent, table.traj, baseline)
+        by_agent = per_group.groupby("agent")["factor"]
+        means, maxes = by_agent.mean(), by_agent.max()
+        for name in dict.fromkeys(table.agent):
+            mean = float(means.get(name, np.nan))
+            if baseline == estimator:
+                out[f"agent/{name}/lemma_factor"] = mean
+                out[f"agent/{name}/lemma_factor_max"] = float(maxes.get(name, np.nan))
+            if baseline in GLOBAL_BASELINES:
+                out[f"agent/{name}/lemma_factor_{baseline}"] = mean
     return out
 
 
 def step_metrics(table: StepTable, rollout, update: dict[str, dict[str, Any]],
-                 timings: dict[str, float], spikes: dict[str, SpikeDetector]) -> dict[str, Any]:
+                 timings: dict[str, float], spikes: dict[str, SpikeDetector], estimator: str) -> dict[str, Any]:
     m: dict[str, Any] = {
         "reward/mean": float(rollout.traj_reward.mean()), "reward/std": float(rollout.traj_reward.std()),
         "score/mean": float(table.score.mean()) if len(table) else float("nan"),
         "steps": len(table),
     }
     m.update(_agent_reward_stats(table, rollout.traj_reward, rollout.traj_task))
+    if len(table):
+        m.update(_lemma_factor_stats(table, estimator))
     resp_len = table.response_len
     for name in dict.fromkeys(table.agent):
         rows = table.agent == name

@@ -59,7 +59,7 @@ def run_rollout(
     """B tasks x ``group_size`` trajectories; trajectory t belongs to task t // group_size."""
     episode_tasks = [task for task in tasks for _ in range(group_size)]
     traj_task = np.repeat(np.arange(len(tasks)), group_size)
-    episodes = Episodes(episode_tasks, make_env())
+    episodes = Episodes(episode_tasks, make_env(), seed=seed)
     parts: list[StepTable] = []
     seconds: dict[str, float] = {}
     tokens: dict[str, int] = {}

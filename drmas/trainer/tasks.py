@@ -152,9 +152,20 @@ class SearchGenerated(TaskSource):
                    ("", "answer"): "search_answerer", ("", "single_agent"): "search_single"}
 
     def __init__(self, kb: dict[str, Any] | None = None, hops: tuple[int, ...] = (1, 2), n_test: int = 200,
-                 backend: str = "bm25", topk: int = 3, max_turns: int = 4, server_url: str | None = None):
-        from envs.search.generated import KBConfig, count_questions, generate_kb, generate_splits
+                 backend: str = "bm25", topk: int = 3, max_turns: int = 4, server_url: str | None = None,
+                 miss_rate: float = 0.0, traces: dict[str, float] | None = None):
+        """``miss_rate``: the environment's retrieval-miss probability (``SearchEnv``), in training and
+        evaluation. ``traces``: how the SFT episodes depart from the ideal script, ``{miss_rate,
+        verdict_noise}`` (``envs.search.generated.TraceNoise``; the trace budget is ``max_turns``)."""
+        from envs.search.generated import KBConfig, TraceNoise, count_questions, generate_kb, generate_splits
 
+        if not 0.0 <= miss_rate < 1.0:
+            raise ValueError(f"env.args.miss_rate must be in [0, 1), got {miss_rate}")
+        unknown = sorted(set(traces or {}) - {"miss_rate", "verdict_noise"})
+        if unknown:
+            raise ValueError(f"env.args.traces: unknown keys {unknown}; allowed: miss_rate, verdict_noise")
+        self.trace_noise = TraceNoise(**(traces or {}), max_turns=max_turns)
+        self.miss_rate = miss_rate
         self.kb = generate_kb(KBConfig(**(kb or {})))
         self.hops, self.topk, self.max_turns, self.backend = tuple(hops), topk, max_turns, backend
         self.server_url = server_url
@@ -190,15 +201,19 @@ class SearchGenerated(TaskSource):
     def make_env(self) -> Env:
         import envs.search  # noqa: F401  (registers the env)
 
-        return make_env("search", retriever=self.retriever, max_turns=self.max_turns, topk=self.topk)
+        return make_env("search", retriever=self.retriever, max_turns=self.max_turns, topk=self.topk,
+                        miss_rate=self.miss_rate)
 
     def role_traces(self, n: int, seed: int) -> list[dict[str, Any]]:
         """Traces of (up to) ``n`` training questions; test questions never enter SFT."""
+        from dataclasses import replace
+
         from envs.search.generated import build_traces
 
         rng = np.random.default_rng(seed)
         picked = rng.choice(len(self.train), size=min(n, len(self.train)), replace=False)
-        return build_traces([self.train[i] for i in picked], self.retriever, topk=self.topk)
+        return build_traces([self.train[i] for i in picked], self.retriever, topk=self.topk,
+                            noise=replace(self.trace_noise, seed=seed))
 
 
 @register_task_source("search_dataset")

@@ -74,6 +74,7 @@ class Trainer:
         self.backend = make_backend(cfg.train.backend, specs)
         self.sink = MetricsSink(self.run_dir)
         self.spikes = {name: SpikeDetector() for name in [*cfg.models, *agent_names]}
+        self.invalid_penalties = cfg.invalid_penalties()
         self.consecutive_nonfinite = 0
         self.step = 0
 
@@ -87,7 +88,7 @@ class Trainer:
                                   self.backend.generators(), seed=cfg.train.seed * 1_000_003 + step)
             table = rollout.table
         with _timed(timings, "rewards"):
-            table.assign_rewards(rollout.traj_reward, cfg.algo.invalid_penalty)
+            table.assign_rewards(rollout.traj_reward, self.invalid_penalties)
         with _timed(timings, "advantages"):
             a = cfg.algo
             adv = compute_advantages(table.score, table.task, table.agent, table.traj, estimator=a.estimator,
@@ -96,7 +97,7 @@ class Trainer:
         with _timed(timings, "update"):
             update = self.backend.update({wg: self._update_batch(table, wg) for wg in cfg.models},
                                          step_seed=cfg.train.seed * 7919 + step)
-        return step_metrics(table, rollout, update, timings, self.spikes)
+        return step_metrics(table, rollout, update, timings, self.spikes, cfg.algo.estimator)
 
     def _update_batch(self, table, wg: str) -> UpdateBatch:
         rows = np.flatnonzero(table.wg == wg)
@@ -163,7 +164,8 @@ class Trainer:
         """Steps ``start`` .. ``train.steps`` - 1 with their evaluations and checkpoints, then the final
         evaluation and checkpoint; returns the last step's metrics."""
         cfg = self.cfg
-        if start == 0:
+        evaluating = cfg.train.evaluate
+        if start == 0 and evaluating:
             self.evaluate(0)
         bar = _progress(range(start, cfg.train.steps), progress, initial=start, total=cfg.train.steps)
         last: dict[str, Any] = {}
@@ -179,12 +181,13 @@ class Trainer:
                 logger.info("step %d/%d reward %.3f (%.2fs/step)", step + 1, cfg.train.steps,
                             metrics["reward/mean"], metrics["timing/step"])
             done = step + 1
-            if cfg.train.eval_every and done % cfg.train.eval_every == 0 and done < cfg.train.steps:
+            if evaluating and cfg.train.eval_every and done % cfg.train.eval_every == 0 and done < cfg.train.steps:
                 self.evaluate(done)
             if cfg.train.save_every and done % cfg.train.save_every == 0 and done < cfg.train.steps:
                 self._checkpoint(done)
-        if start < cfg.train.steps or not (self.run_dir / "eval.jsonl").exists():
-            self.evaluate(cfg.train.steps)
+        if start < cfg.train.steps or (evaluating and not (self.run_dir / "eval.jsonl").exists()):
+            if evaluating:
+                self.evaluate(cfg.train.steps)
             self._checkpoint(cfg.train.steps)
         return last
 

@@ -27,8 +27,8 @@ class MathEnv(Env):
         self.grader = grader
         self.tasks: list[Task] = []
 
-    def reset(self, tasks: Sequence[Task]) -> list[str]:
-        """Start one episode per task; the observations are the problem texts."""
+    def reset(self, tasks: Sequence[Task], seed: int | None = None) -> list[str]:
+        """Start one episode per task; the observations are the problem texts (no randomness: ``seed`` is unused)."""
         self.tasks = list(tasks)
         return [task.question for task in self.tasks]
 

@@ -20,8 +20,12 @@ batched call. A failed retrieval (server down, ...) keeps the action valid but r
 ``infos[j]["retrieval_error"]`` (the trainer may mask such steps). Misuse (acting on a finished episode,
 an index out of range, repeated indices) raises ``ValueError``: that is a bug in the caller, not text.
 
-The environment has no randomness: results depend only on the inputs and the retriever (``seed`` is kept
-for the common constructor signature).
+Retrieval misses (``miss_rate`` > 0): each search, with probability ``miss_rate``, returns the passages ranked
+k+1..2k instead of the top k -- the relevant passages fell below the cut-off, as when a real retriever ranks
+another entity first. The episode's history then lacks the fact, the Verifier should ask again, and the retry
+(a new draw) may hit. This is the knob that makes how often agents act depend on the outcome (docs/mechanism.md).
+The draws come from ``numpy.random.default_rng(seed)``, seeded at each ``reset`` (the rollout seed), so a
+batch's misses are reproducible; with ``miss_rate = 0`` the environment has no randomness.
 """
 from __future__ import annotations
 
@@ -112,19 +116,24 @@ class SearchEnv(Env):
     name = "search"
 
     def __init__(self, retriever: SearchBackend, max_turns: int = 4, topk: int = 3, max_query_chars: int = 1024,
-                 seed: int = 0):
+                 seed: int = 0, miss_rate: float = 0.0):
         if max_turns < 1 or topk < 1 or max_query_chars < 1:
             raise ValueError(f"need max_turns, topk, max_query_chars >= 1; got {max_turns}, {topk}, {max_query_chars}")
+        if not 0.0 <= miss_rate < 1.0:
+            raise ValueError(f"miss_rate must be in [0, 1), got {miss_rate}")
         self.retriever, self.max_turns, self.topk = retriever, max_turns, topk
-        self.max_query_chars, self.seed = max_query_chars, seed
+        self.max_query_chars, self.seed, self.miss_rate = max_query_chars, seed, miss_rate
+        self._rng = np.random.default_rng(seed)
         self.tasks: list[Task] = []
         self._turns: list[list[dict[str, Any]]] = []
         self._done = np.zeros(0, dtype=bool)
 
     # ---- episode state -------------------------------------------------------------------------------
 
-    def reset(self, tasks: Sequence[Task]) -> list[str]:
-        """Start one episode per task; the initial observation is the question."""
+    def reset(self, tasks: Sequence[Task], seed: int | None = None) -> list[str]:
+        """Start one episode per task; the initial observation is the question. ``seed`` (default: the
+        constructor's) seeds the retrieval misses of these episodes."""
+        self._rng = np.random.default_rng(self.seed if seed is None else seed)
         self.tasks = list(tasks)
         self._turns = [[] for _ in self.tasks]
         self._done = np.zeros(len(self.tasks), dtype=bool)
@@ -162,17 +171,24 @@ class SearchEnv(Env):
                              f"act only on episodes with dones == False (see env.dones)")
         return idx_arr
 
-    def _search(self, queries: list[str]) -> RetrievalBatch:
+    def _search(self, queries: list[str]) -> tuple[RetrievalBatch, np.ndarray]:
+        """One batched retrieval; returns the batch (top k per query, or ranks k+1..2k for a missed query)
+        and the bool mask of missed queries (one ``miss_rate`` draw per query, in order)."""
+        missed = self._rng.random(len(queries)) < self.miss_rate if self.miss_rate > 0 else np.zeros(len(queries), bool)
         if not queries:
-            return RetrievalBatch([])
+            return RetrievalBatch([]), missed
         try:
-            batch = self.retriever.retrieve(queries, self.topk)
+            depth = 2 * self.topk if missed.any() else self.topk
+            batch = self.retriever.retrieve(queries, depth)
             if len(batch.results) != len(queries):
                 raise ValueError(f"retriever returned {len(batch.results)} result lists for {len(queries)} queries")
-            return batch
+            if depth > self.topk and batch.ok:
+                k = self.topk
+                batch = RetrievalBatch([hits[k:2 * k] if m else hits[:k] for hits, m in zip(batch.results, missed)])
+            return batch, missed
         except Exception as e:  # noqa: BLE001 -- a failing tool must not kill the rollout
             logger.warning("retrieval raised %s: %s", type(e).__name__, e)
-            return RetrievalBatch.failed(len(queries), f"{type(e).__name__}: {e}")
+            return RetrievalBatch.failed(len(queries), f"{type(e).__name__}: {e}"), missed
 
     def step(self, actions: Sequence[str], idx: Sequence[int] | np.ndarray | None = None) -> StepOutput:
         """Apply ``actions[j]`` to episode ``idx[j]`` (default: all); one batched retrieval call."""
@@ -182,8 +198,9 @@ class SearchEnv(Env):
         turn_no = np.array([len(self._turns[i]) + 1 for i in idx_arr], dtype=np.int64)
         last_turn = turn_no >= self.max_turns
         to_search = [j for j in range(n) if parsed[j].kind == "search" and not last_turn[j]]
-        batch = self._search([parsed[j].content for j in to_search])
+        batch, missed = self._search([parsed[j].content for j in to_search])
         hits_of = dict(zip(to_search, batch.results))
+        missed_of = dict(zip(to_search, missed.tolist()))
 
         observations, infos = [""] * n, []
         rewards, dones = np.zeros(n, np.float32), last_turn.copy()
@@ -201,6 +218,7 @@ class SearchEnv(Env):
             elif j in hits_of:
                 info["query"] = act.content
                 info["obs_valid"] = batch.ok
+                info["missed"] = bool(missed_of[j])
                 if batch.ok:
                     observations[j] = format_information(hits_of[j])
                 else:

@@ -197,58 +197,107 @@ def _fact(hop: dict[str, str]) -> str:
     return RELATIONS[hop["relation"]][0].format(s=hop["subject"], o=hop["answer"])
 
 
-def role_traces(task: Task, hop_hits: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """SFT records of the ideal episode of a generated task, given the retrieved hits of each hop's query
-    (``Retriever.retrieve(...).results``); ``[]`` when a hop's hits miss its gold passage.
+@dataclass(frozen=True)
+class TraceNoise:
+    """How far the SFT episodes depart from the ideal script (docs/mechanism.md).
 
-    Dr. MAS roles, one turn per hop and a final answer turn:
-    - ``verifier``: target ``<verify>no</verify>`` while the history lacks the passage stating the answer
-      (the last hop's gold passage), ``<verify>yes</verify>`` once it holds it;
-    - ``search``: ``<think>I need to find ...</think><search>query</search>`` (2-hop: first hop, then the
-      second hop's query built from the first hop's answer);
+    ``miss_rate``: probability that a search in a trace episode misses (its observation is the passages
+    ranked k+1..2k, as the environment's ``miss_rate`` does), so the traces show the Verifier saying no
+    after an uninformative retrieval and the Search agent asking again; an episode whose misses use up
+    ``max_turns`` ends unanswered. ``verdict_noise``: probability that a Verifier label is wrong (yes
+    before the history holds the answer, or no once it does); the trace episode stops after a wrong
+    verdict, so no other role is taught to act on it. Both 0 = the ideal episode only."""
+
+    miss_rate: float = 0.0
+    verdict_noise: float = 0.0
+    max_turns: int = 4
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.miss_rate < 1.0 and 0.0 <= self.verdict_noise < 1.0 and self.max_turns >= 1):
+            raise ValueError(f"TraceNoise needs 0 <= miss_rate, verdict_noise < 1 and max_turns >= 1, got {self}")
+
+
+def role_traces(task: Task, hop_hits: Sequence[Sequence[dict[str, Any]]],
+                hop_misses: Sequence[Sequence[dict[str, Any]]] | None = None,
+                noise: TraceNoise = TraceNoise(), rng: random.Random | None = None) -> list[dict[str, Any]]:
+    """SFT records of one episode of a generated task, given each hop query's retrieved hits
+    (``Retriever.retrieve(...).results``) and, for misses, its ranks k+1..2k (``hop_misses``); ``[]``
+    when a hop's hits miss its gold passage.
+
+    Dr. MAS roles; each turn the Verifier judges the history, then the Search agent searches or the
+    Answer agent answers:
+    - ``verifier``: ``<verify>yes</verify>`` iff the history holds the passage stating the answer (the last
+      hop's gold passage), else ``<verify>no</verify>`` (flipped with probability ``noise.verdict_noise``);
+    - ``search``: ``<think>I need to find ...</think><search>query</search>`` for the first hop whose gold
+      passage the history lacks (a missed search is asked again);
     - ``answer``: ``<think><the fact></think><answer>X</answer>``;
-    - ``single_agent``: the Search-R1 single-agent step (search or answer) at each turn.
+    - ``single_agent``: the Search-R1 single-agent step (search or answer) at each turn with a correct verdict.
+    A search misses with probability ``noise.miss_rate``; the Verifier is not followed by a search on the
+    last of ``noise.max_turns`` turns (the episode ends unanswered, as in the orchestra). ``rng`` draws
+    the misses and flips (default: ``random.Random(noise.seed)``).
     Each record: ``{"role", "task": {...}, "context": {"history": [...], "history_text", "step",
     "teammates"}, "target"}``; history entries are ``SearchEnv.turns`` dicts (kind/query/observation).
     """
     hops = task.meta["hops"]
+    if any(hop["passage_id"] not in {hit["document"]["id"] for hit in hits} for hop, hits in zip(hops, hop_hits)):
+        return []
+    if noise.miss_rate > 0 and hop_misses is None:
+        raise ValueError("role_traces: noise.miss_rate > 0 needs hop_misses (each hop query's ranks k+1..2k)")
+    rng = rng or random.Random(noise.seed)
     history: list[dict[str, Any]] = []
     records: list[dict[str, Any]] = []
+    seen: set[str] = set()  # passage ids in the history
 
     def record(role: str, target: str, teammates: dict[str, str] | None = None) -> None:
         context = {"history": [dict(h) for h in history], "history_text": render_history(history),
                    "step": len(history), "teammates": dict(teammates or {})}
         records.append({"role": role, "task": _task_dict(task), "context": context, "target": target})
 
-    for h, (hop, hits) in enumerate(zip(hops, hop_hits)):
-        if hop["passage_id"] not in {hit["document"]["id"] for hit in hits}:
-            return []
+    for turn in range(noise.max_turns):
+        h = next((i for i, hop in enumerate(hops) if hop["passage_id"] not in seen), len(hops))
+        enough = h == len(hops)
+        flipped = rng.random() < noise.verdict_noise
+        say_yes = enough != flipped
+        verdict = f"<verify>{'yes' if say_yes else 'no'}</verify>"
+        record("verifier", verdict)
+        if flipped:
+            return records  # nothing else is taught to act on a wrong verdict
+        if enough:
+            answer = f"<think>{_fact(hops[-1])}</think><answer>{task.answers[0]}</answer>"
+            record("answer", answer, {"verifier": verdict})
+            record("single_agent", answer)
+            return records
+        if turn == noise.max_turns - 1:
+            return records  # budget used up: the episode ends unanswered (reward 0)
+        hop = hops[h]
         need = RELATIONS[hop["relation"]][2].format(s=hop["subject"])
         think = f"I need to find {need}." if h == 0 else f"{_fact(hops[h - 1])} Now I need to find {need}."
         search = f"<think>{think}</think><search>{hop['query']}</search>"
-        record("verifier", "<verify>no</verify>")
-        record("search", search, {"verifier": "<verify>no</verify>"})
+        record("search", search, {"verifier": verdict})
         record("single_agent", search)
-        history.append({"turn": h + 1, "kind": "search", "query": hop["query"], "answer": "",
+        hits = hop_misses[h] if noise.miss_rate > 0 and rng.random() < noise.miss_rate else hop_hits[h]
+        seen.update(hit["document"]["id"] for hit in hits)
+        history.append({"turn": turn + 1, "kind": "search", "query": hop["query"], "answer": "",
                         "observation": format_information(hits), "valid": True})
-    answer = f"<think>{_fact(hops[-1])}</think><answer>{task.answers[0]}</answer>"
-    record("verifier", "<verify>yes</verify>")
-    record("answer", answer, {"verifier": "<verify>yes</verify>"})
-    record("single_agent", answer)
     return records
 
 
-def build_traces(tasks: Sequence[Task], retriever: SearchBackend, topk: int = 3) -> list[dict[str, Any]]:
-    """``role_traces`` of every task; all hop queries go to the retriever in one batched call. Tasks whose
-    searches miss a gold passage are skipped (logged). Raises if the retrieval itself fails."""
+def build_traces(tasks: Sequence[Task], retriever: SearchBackend, topk: int = 3,
+                 noise: TraceNoise = TraceNoise()) -> list[dict[str, Any]]:
+    """``role_traces`` of every task; all hop queries go to the retriever in one batched call (depth 2k
+    when misses are drawn). Tasks whose searches miss a gold passage are skipped (logged). Raises if the
+    retrieval itself fails."""
     queries = [hop["query"] for t in tasks for hop in t.meta["hops"]]
-    batch = retriever.retrieve(queries, topk)
+    batch = retriever.retrieve(queries, 2 * topk if noise.miss_rate > 0 else topk)
     if not batch.ok:
         raise RuntimeError(f"retrieval for the role traces failed: {batch.error}")
+    rng = random.Random(noise.seed)
     out, skipped, pos = [], 0, 0
     for task in tasks:
         n_hops = len(task.meta["hops"])
-        recs = role_traces(task, batch.results[pos:pos + n_hops])
+        results = batch.results[pos:pos + n_hops]
+        recs = role_traces(task, [r[:topk] for r in results], [r[topk:2 * topk] for r in results], noise, rng)
         pos += n_hops
         skipped += not recs
         out.extend(recs)

@@ -1,0 +1,167 @@
+"""Outcome-dependent agent invocation (issue 13): retrieval misses in the search environment, SFT traces with
+retries and wrong verdicts, per-agent invalid-action penalties."""
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from drmas.config import load_config
+from drmas.step_table import StepTable
+from envs.search import generated
+from envs.search.env import SearchEnv
+from envs.search.retriever import build_retriever
+
+
+@pytest.fixture(scope="module")
+def kb():
+    return generated.generate_kb(generated.KBConfig(n_people=60, seed=3))
+
+
+@pytest.fixture(scope="module")
+def retriever(kb):
+    return build_retriever(kb.corpus(), "bm25", use_cache=False)
+
+
+def _one_hop(kb, n):
+    return generated.generate_tasks(kb, n, hops=(1,), seed=2)
+
+
+def test_misses_happen_at_the_configured_rate_and_lack_the_gold_passage(kb, retriever):
+    tasks = _one_hop(kb, 150)
+    env = SearchEnv(retriever, miss_rate=0.4)
+    env.reset(tasks, seed=7)
+    out = env.step([f"<search>{t.meta['hops'][0]['query']}</search>" for t in tasks])
+    missed = np.array([i["missed"] for i in out.infos])
+    assert 0.3 < missed.mean() < 0.5
+    # a hit shows the gold fact's sentence, a miss (ranks 4-6) does not
+    facts = [generated.RELATIONS[t.meta["hops"][0]["relation"]][0].format(s=t.meta["hops"][0]["subject"],
+                                                                         o=t.meta["hops"][0]["answer"]) for t in tasks]
+    shown = np.array([f in obs for f, obs in zip(facts, out.observations)])
+    assert shown[~missed].mean() > 0.95 and shown[missed].mean() < 0.05
+
+
+def test_misses_are_reproducible_per_seed_and_vary_across_seeds(kb, retriever):
+    tasks = _one_hop(kb, 50)
+    actions = [f"<search>{t.meta['hops'][0]['query']}</search>" for t in tasks]
+
+    def draw(seed):
+        env = SearchEnv(retriever, miss_rate=0.5)
+        env.reset(tasks, seed=seed)
+        return [i["missed"] for i in env.step(actions).infos]
+
+    assert draw(1) == draw(1) and draw(1) != draw(2)
+    env = SearchEnv(retriever)  # miss_rate 0: no randomness, always the top k
+    env.reset(tasks, seed=1)
+    assert not any(i["missed"] for i in env.step(actions).infos)
+    with pytest.raises(ValueError, match="miss_rate"):
+        SearchEnv(retriever, miss_rate=1.0)
+
+
+def test_ideal_traces_are_unchanged_without_noise(kb, retriever):
+    """TraceNoise() gives the ideal episode: per n-hop task n+1 verifier records (n no, then yes), n searches, 1 answer."""
+    tasks = generated.generate_tasks(kb, 40, seed=1)
+    recs = generated.build_traces(tasks, retriever)
+    by_task = Counter((r["task"]["task_id"], r["role"]) for r in recs)
+    for t in tasks:
+        n = t.meta["n_hops"]
+        if by_task[(t.task_id, "verifier")] == 0:
+            continue  # skipped (a gold passage out of the top k)
+        assert by_task[(t.task_id, "verifier")] == n + 1 and by_task[(t.task_id, "search")] == n
+        assert by_task[(t.task_id, "answer")] == 1
+
+
+def test_noisy_traces_teach_retries_budget_ends_and_wrong_verdicts(kb, retriever):
+    tasks = generated.generate_tasks(kb, 300, seed=1)
+    noise = generated.TraceNoise(miss_rate=0.5, verdict_noise=0.1, max_turns=4, seed=0)
+    recs = generated.build_traces(tasks, retriever, noise=noise)
+    assert recs == generated.build_traces(tasks, retriever, noise=noise)  # deterministic
+    searches = Counter(r["task"]["task_id"] for r in recs if r["role"] == "search")
+    answered = {r["task"]["task_id"] for r in recs if r["role"] == "answer"}
+    hops = {t.task_id: t.meta["n_hops"] for t in tasks}
+    retried = [tid for tid, n in searches.items() if n > hops[tid]]
+    assert len(retried) > 30  # a missed search is asked again
+    assert all(n <= noise.max_turns - 1 for n in searches.values())  # no search on the last turn
+    unanswered = [tid for tid in searches if tid not in answered]
+    assert unanswered  # budget used up (or a wrong verdict ended the episode)
+    verdicts = [r for r in recs if r["role"] == "verifier"]
+    # a verdict is right iff yes <=> the history holds the last hop's fact
+    task_of = {t.task_id: t for t in tasks}
+
+    def right(r):
+        t = task_of[r["task"]["task_id"]]
+        hop = t.meta["hops"][-1]
+        fact = generated.RELATIONS[hop["relation"]][0].format(s=hop["subject"], o=hop["answer"])
+        return ("yes" in r["target"]) == (fact in r["context"]["history_text"])
+
+    wrong = 1 - np.mean([right(r) for r in verdicts])
+    assert 0.04 < wrong < 0.16
+    # every search query in a trace targets the first hop the history lacks
+    for r in recs:
+        if r["role"] == "search":
+            t = task_of[r["task"]["task_id"]]
+            assert any(f"<search>{hop['query']}</search>" in r["target"] for hop in t.meta["hops"])
+
+
+def test_search_source_passes_the_knobs_and_validates_them():
+    from drmas.trainer.tasks import make_task_source
+
+    src = make_task_source("search_generated", miss_rate=0.3, traces={"miss_rate": 0.2, "verdict_noise": 0.05})
+    assert src.make_env().miss_rate == 0.3 and src.trace_noise.miss_rate == 0.2
+    with pytest.raises(ValueError, match="unknown keys"):
+        make_task_source("search_generated", traces={"miss": 0.2})
+    with pytest.raises(ValueError, match="miss_rate"):
+        make_task_source("search_generated", miss_rate=1.5)
+
+
+def test_per_agent_invalid_penalty():
+    cfg = load_config("experiments/configs/cpu/search_base.yaml",
+                      ["agents.search.invalid_penalty=0.5", "algo.invalid_penalty=0.01"])
+    c = cfg.invalid_penalties()
+    assert c == {"verifier": 0.01, "search": 0.5, "answer": 0.01}
+    assert cfg.effective_agents()["search"]["invalid_penalty"] == 0.5
+    t = StepTable(task=np.zeros(4, np.int64), traj=np.array([0, 0, 1, 1]),
+                  agent=np.array(["verifier", "search", "search", "answer"], object), wg=np.zeros(4, object),
+                  turn=np.zeros(4, np.int64), valid=np.array([False, False, True, False]),
+                  truncated=np.zeros(4, bool))
+    t.assign_rewards(np.array([1.0, 0.0]), c)
+    np.testing.assert_allclose(t.score, [1.0 - 0.01, 1.0 - 0.5, 0.0, -0.01])
+    t.assign_rewards(np.array([1.0, 0.0]), 0.1)
+    np.testing.assert_allclose(t.score, [0.9, 0.9, 0.0, -0.1])
+    with pytest.raises(KeyError, match="answer"):
+        t.assign_rewards(np.array([1.0, 0.0]), {"verifier": 0.1, "search": 0.1})
+
+
+def test_shipped_bases_match_their_record():
+    """results/sft holds the SFT'd base checkpoints the CPU grid starts from; bases.json records how each was
+    made and the sha256 of every file, so a changed or damaged base is noticed."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "results" / "sft"
+    record = json.loads((root / "bases.json").read_text())
+    assert set(record["bases"]) == {"math/base_tiny", "search/base_nano", "search/base_tiny"}
+    for name, base in record["bases"].items():
+        for fname, digest in base["files_sha256"].items():
+            assert hashlib.sha256((root / name / fname).read_bytes()).hexdigest() == digest, f"{name}/{fname}"
+        assert base["sft"]["steps"] > 0 and base["roles"]
+
+
+def test_a_short_rebuild_of_a_base_is_deterministic(tmp_path):
+    """`run_all.sh --rebuild-bases` rebuilds the bases with the warm-up: the same config gives byte-identical
+    tokenizer and weights (a short SFT of the search base, twice)."""
+    from drmas.trainer.warmup import warmup
+
+    def build(tag):
+        paths = [f"models.{m}.path={tmp_path}/{tag}/base_nano" for m in ("verifier_model", "search_model", "answer_model")]
+        cfg = load_config("experiments/configs/cpu/search_base.yaml",
+                          [*paths, f"sft.tokenizer_dir={tmp_path}/{tag}/tokenizer", "sft.traces=40", "sft.steps=3"])
+        warmup(cfg, progress=False)
+        return tmp_path / tag
+
+    a, b = build("a"), build("b")
+    for rel in ("tokenizer/tokenizer.json", "base_nano/model.safetensors", "base_nano/config.json"):
+        assert (a / rel).read_bytes() == (b / rel).read_bytes(), rel
