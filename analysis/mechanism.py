@@ -64,7 +64,7 @@ def mechanism_points(data: GridData) -> pd.DataFrame:
     ref = per[per["estimator"] == REFERENCE].set_index(key)
     frames = []
     for b in BASELINES:
-        j = per[per["estimator"] == b].set_index(key).join(ref, rsuffix="_ref", how="inner")
+        j = per[per["estimator"] == b].set_index(key).join(ref, suffixes=("", "_ref"), how="inner")
         if j.empty:
             continue
         j = j.reset_index()

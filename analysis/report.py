@@ -21,7 +21,7 @@ import yaml
 
 from analysis import figures as figs
 from analysis.cli import parse_dataclass_args
-from analysis.mechanism import MIN_POINTS, MechanismVerdict, level_table, mechanism_points, mechanism_verdict
+from analysis.mechanism import FACTOR_REGIME, MIN_POINTS, MechanismVerdict, level_table, mechanism_points, mechanism_verdict
 from analysis.runs import GridData, describe_scale, final_evals, load_grid
 from analysis.stats import N_BOOT, kendall_tau, spearman
 from analysis.tables import (ABLATION, DATA, PAIRS, PAPER_ABLATION_ORDER, PRICES_YAML, TABLE_OF_TASK, ablation_long, ablation_seeds,
@@ -34,7 +34,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 REPRODUCED, NOT_REPRODUCED, NEEDS_GPU, NOT_RUN, FINDING = (
     "reproduced", "not reproduced", "needs GPU scale", "not run", "finding (no paper value)")
-FACTOR_REGIME = 2.0  # Lemma 4.2 factor from which the predicted gradient second-moment inflation is "large"
 
 RULES = {
     "a": f"decided on the mechanism sweep (trajectory GRPO vs Dr. MAS, same seeds; analysis/mechanism.py): not run with "
@@ -156,7 +155,7 @@ def claim_lemma(an: Analysis) -> Claim:
     if not np.isfinite(fmax):
         verdict = NOT_RUN
     elif fmax < FACTOR_REGIME:
-        verdict = NEEDS_GPU
+        verdict = "not produced"
     else:
         verdict = REPRODUCED if np.isfinite(rho) and rho > 0 and pv < 0.05 else NOT_REPRODUCED
     return Claim("a", title, paper, ours, verdict)

@@ -2,8 +2,8 @@
 # The main job: regenerate the suite's results on this machine (default: CPU scale, the embedded default).
 #   bash experiments/run_all.sh [--scale cpu|paper] [--only STAGE[,STAGE...]] [--seeds N] [--runs PATTERN] [--jobs N]
 #                               [--stale error|rerun|keep] [--rebuild-bases]
-# Stages: bench, theory, train (the grid experiments/grids/<scale>.yaml, then at CPU scale the mechanism sweep
-# experiments/grids/mechanism.yaml), analysis. Sets up the environment itself (idempotent). Resumable: complete
+# Stages: bench, theory, train (at CPU scale first the mechanism sweep experiments/grids/mechanism.yaml, then the
+# grid experiments/grids/<scale>.yaml), analysis. Sets up the environment itself (idempotent). Resumable: complete
 # runs are skipped, interrupted runs resume from their checkpoint. The SFT'd base checkpoints of the CPU grid are
 # shipped in results/sft/ (this scale's "pre-trained models"; results/sft/BASES.md says how they were made).
 #   --seeds N      seeds per grid entry (default: the grid's own; the CPU grid uses 2 for the main settings)
@@ -70,12 +70,12 @@ if [ "$REBUILD" = 1 ] && [ -d results/sft ]; then
   mv results/sft "$aside"
 fi
 if want train; then
-  stage "train: the $SCALE grid ($GRID): SFT warm-up of missing base checkpoints, then every run not yet complete"
-  "$PY" -m experiments.grid run "$GRID" --jobs "$JOBS" --stale "$STALE" ${SEEDS:+--seeds "$SEEDS"} ${RUNS:+--only "$RUNS"}
-  if [ "$SCALE" = cpu ] && [ -z "$RUNS" ]; then
+  if [ "$SCALE" = cpu ] && [ -z "$RUNS" ]; then  # first: it is short and it is the test of the mechanism (claim a)
     stage "train: the mechanism sweep ($MECH): retrieval-miss rate x estimator x seed, short runs without evaluation"
     "$PY" -m experiments.grid run "$MECH" --jobs "$JOBS" --stale "$STALE"
   fi
+  stage "train: the $SCALE grid ($GRID): SFT warm-up of missing base checkpoints, then every run not yet complete"
+  "$PY" -m experiments.grid run "$GRID" --jobs "$JOBS" --stale "$STALE" ${SEEDS:+--seeds "$SEEDS"} ${RUNS:+--only "$RUNS"}
 fi
 if want analysis; then
   stage "analysis: tables, figures, statistics and results/REPORT.md from $(out_dir "$GRID")"
