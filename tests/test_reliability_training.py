@@ -174,14 +174,14 @@ def _inject(kill: str) -> None:
 
         pathlib.Path.rename = rename
     elif site == "done":  # the final checkpoint written, the DONE marker not
-        real_write = trainer_module._atomic_write
+        real_write = trainer_module.atomic_write_json
 
-        def atomic_write(path, text):
+        def atomic_write_json(path, obj, **kw):
             if path.name == "DONE":
                 _kill_self()
-            return real_write(path, text)
+            return real_write(path, obj, **kw)
 
-        trainer_module._atomic_write = atomic_write
+        trainer_module.atomic_write_json = atomic_write_json
     elif site != "none":
         raise ValueError(f"unknown kill site {site!r}")
 
