@@ -12,8 +12,9 @@
 - blank lines carry no record and are skipped.
 
 **Atomic write** (:func:`atomic_write_bytes` / :func:`atomic_write_text` / :func:`atomic_write_json`): the data
-goes to a uniquely named temporary file in the same folder, is fsynced, then renamed over the target, so a
-reader sees the old file or the new one, never a mixture, and two writers never share a temporary file.
+goes to a uniquely named temporary file in the same folder (:func:`atomic_output`, for any writer), is
+fsynced, then renamed over the target, so a reader sees the old file or the new one, never a mixture, and
+two writers never share a temporary file.
 """
 from __future__ import annotations
 
@@ -22,9 +23,10 @@ import json
 import logging
 import os
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -105,19 +107,30 @@ def write_jsonl(path: str | Path, records: list[dict[str, Any]] | list[str]) -> 
     atomic_write_text(path, "".join(line + "\n" for line in lines))
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically: a unique temporary file in the same folder, fsync, rename."""
+@contextmanager
+def atomic_output(path: str | Path) -> Iterator[Path]:
+    """Yield a unique temporary path in ``path``'s folder for the caller to write (any writer: text,
+    ``savefig``, ``torch.save``); on success it is fsynced, made world-readable (0644) and renamed over
+    ``path``; on an exception it is removed and ``path`` is untouched."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
+        yield tmp
+        with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (:func:`atomic_output`)."""
+    with atomic_output(path) as tmp:
+        tmp.write_bytes(data)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
