@@ -11,11 +11,12 @@ import argparse
 import json
 import logging
 import sys
+from contextlib import nullcontext
 
 from drmas.checkpoints import CheckpointDamaged, CheckpointMismatch
 from drmas.config import ConfigError, load_config
 from drmas.io import JsonlDamaged
-from drmas.locks import FolderLocked
+from drmas.locks import FolderLocked, folder_lock
 from drmas.preflight import check_before_work
 from drmas.shutdown import children_end_with_me
 
@@ -39,16 +40,17 @@ def cmd_train(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(cfg.train.threads)
-    sft = warmup(cfg, progress=not args.no_progress)
-    if sft:
-        print(json.dumps({"sft": sft}, default=float))
-    if args.sft_only:
-        return 0
-    trainer = Trainer(cfg)
-    try:
-        trainer.train(progress=not args.no_progress)
-    finally:
-        trainer.close()
+    with nullcontext() if args.sft_only else folder_lock(cfg.run_dir, "run folder"):  # before any work
+        sft = warmup(cfg, progress=not args.no_progress)
+        if sft:
+            print(json.dumps({"sft": sft}, default=float))
+        if args.sft_only:
+            return 0
+        trainer = Trainer(cfg)
+        try:
+            trainer.train(progress=not args.no_progress)
+        finally:
+            trainer.close()
     print(f"run complete: {cfg.run_dir}")
     return 0
 

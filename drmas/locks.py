@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 LOCK_NAME = ".lock"
 HOLDER_NAME = ".lock.json"
+_HELD: set[Path] = set()  # folders this process holds
 
 
 class FolderLocked(RuntimeError):
@@ -60,6 +61,10 @@ def folder_lock(folder: str | Path, what: str) -> Iterator[None]:
     at once when another live process holds it; takes over (with a warning) a lock whose holder died."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    key = folder.resolve()
+    if key in _HELD:  # re-entrant within this process (``drmas train`` holds it around warm-up and training)
+        yield
+        return
     lock = filelock.SoftFileLock(str(folder / LOCK_NAME), timeout=0)
     previous = _holder(folder)
     try:
@@ -73,7 +78,9 @@ def folder_lock(folder: str | Path, what: str) -> Iterator[None]:
                            describe_holder(previous))
         atomic_write_json(folder / HOLDER_NAME, {"pid": os.getpid(), "host": socket.gethostname(),
                                                  "started": time.time(), "command": " ".join(sys.argv)[:300]})
+        _HELD.add(key)
         yield
     finally:
+        _HELD.discard(key)
         (folder / HOLDER_NAME).unlink(missing_ok=True)
         lock.release()
