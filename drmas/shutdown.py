@@ -10,7 +10,9 @@ on the way out.
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import threading
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -41,13 +43,20 @@ def end_descendants(grace: float = 5.0) -> int:
 
 
 @contextmanager
-def children_end_with_me(grace: float = 5.0) -> Iterator[None]:
-    """While inside: SIGTERM/SIGINT end every descendant, then raise ``SystemExit(128 + signum)``. Must be
-    entered in the main thread (Python delivers signals there)."""
+def children_end_with_me(grace: float = 5.0, exit_within: float = 20.0) -> Iterator[None]:
+    """While inside: SIGTERM/SIGINT end every descendant, then raise ``SystemExit(128 + signum)`` (and end
+    the process with that code after ``exit_within`` s if the unwinding hangs). Must be entered in the main
+    thread (Python delivers signals there)."""
 
     def handler(signum: int, _frame: object) -> None:
         n = end_descendants(grace)
         logger.warning("%s: stopped %d child process(es); exiting", signal.Signals(signum).name, n)
+        # a pool whose workers were killed can block the way out (a feeder thread writing to a dead pipe):
+        # past ``exit_within`` seconds the process ends without further cleanup (a lock it held is then
+        # stale and taken over by the next writer)
+        watchdog = threading.Timer(exit_within, os._exit, (128 + signum,))
+        watchdog.daemon = True  # does not itself keep the process alive
+        watchdog.start()
         raise SystemExit(128 + signum)
 
     previous = {sig: signal.signal(sig, handler) for sig in SIGNALS}
