@@ -21,6 +21,7 @@ import yaml
 
 from analysis import figures as figs
 from analysis.cli import parse_dataclass_args
+from analysis.integrity import data_problems_section
 from analysis.mechanism import FACTOR_REGIME, MIN_POINTS, MechanismVerdict, level_table, mechanism_points, mechanism_verdict
 from analysis.runs import GridData, describe_scale, final_evals, load_grid
 from analysis.stats import N_BOOT, kendall_tau, spearman
@@ -415,9 +416,7 @@ def report_markdown(an: Analysis, claims: list[Claim], out: Path, tables_dir: Pa
     else:
         lines += ["Controlled checks of Lemma 4.2 / Prop. 4.3: run `python -m analysis.theory` (results/theory/summary.md)."]
     lines += ["Verdict rules in full, table and figure definitions: docs/analysis.md."]
-    if an.data.problems:
-        lines += ["", "**Runs left out** (" + str(len(an.data.problems)) + "): " + "; ".join(an.data.problems[:20])
-                  + (" ..." if len(an.data.problems) > 20 else "")]
+    lines += data_problems_section(an.data)
     return "\n".join(lines) + "\n"
 
 

@@ -17,8 +17,10 @@ evals       (run, step, benchmark): avg, pass, k, n_tasks, successes (int array,
 assignment  (run, agent): model (worker group), preset (tiny / nano / small, from ``manifest.json``)
 =========== =====================================================================================================
 
-Robustness: a torn last JSONL line (a killed run) is skipped; a run folder that is missing, a run that is not
-``done`` or has no final eval is kept in ``runs`` with ``usable = False`` and a ``problem`` message, and is left
+Robustness: JSONL files are read by :mod:`drmas.io`'s rule: a torn last line (a killed run) is dropped and
+listed in ``GridData.dropped`` (REPORT.md's "Data problems"), as are duplicate step/eval records (the last
+is used); damage anywhere else makes :func:`load_grid` refuse with every damaged file and line. A run folder
+that is missing, a run that is not ``done`` or has no final eval is kept in ``runs`` with ``usable = False`` and a ``problem`` message, and is left
 out of :func:`final_evals` (tables compare finished runs only). Without ``index.json`` the run folders are
 discovered and tagged from their manifests (:func:`tags_from_manifest`).
 
@@ -34,6 +36,8 @@ from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
+
+from drmas.io import JsonlDamaged, read_jsonl_lines
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +67,9 @@ class GridData:
     evals: pd.DataFrame
     assignment: pd.DataFrame
     problems: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    """Records the loader dropped or chose between (torn last lines, duplicate step/eval records): REPORT.md
+    lists every one under "Data problems" (:mod:`analysis.integrity`)."""
 
     def usable_runs(self) -> pd.DataFrame:
         return self.runs[self.runs["usable"]]
@@ -73,25 +80,24 @@ class GridData:
 
 
 # ------------------------------------------------------------------------------------------ files
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Records of a JSONL file; unparsable lines (a torn last line of a killed run) are skipped with a warning."""
+def read_jsonl(path: Path, dropped: list[str] | None = None) -> list[dict[str, Any]]:
+    """Records of a run's JSONL file by the project's one rule (:mod:`drmas.io`): a torn last line (a killed
+    run) is dropped and described in ``dropped``; any other damage raises ``JsonlDamaged`` naming file and
+    line. A missing file has no records."""
     path = Path(path)
     if not path.exists():
         return []
-    out, bad = [], 0
-    for line in path.read_text(errors="replace").splitlines():
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            bad += 1
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    if bad:
-        logger.warning("%s: skipped %d unparsable line(s) (torn write of a killed run?)", path, bad)
-    return out
+    got = read_jsonl_lines(path)
+    if got.torn is not None and dropped is not None:
+        dropped.append(f"{path}, line {got.torn_line_no}: torn last line dropped ({len(got.torn)} bytes, a killed run)")
+    return got.records
+
+
+def _duplicates(records: list[dict[str, Any]], keys: tuple[str, ...]) -> list[tuple]:
+    """The ``keys`` values that occur more than once among ``records`` (a resumed run that kept records, or two
+    writers on one run folder)."""
+    seen = pd.Series([tuple(r.get(k) for k in keys) for r in records], dtype=object)
+    return sorted(set(seen[seen.duplicated()]), key=str)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -195,6 +201,8 @@ def load_grid(path: str | Path) -> GridData:
         raise GridLoadError(f"{root} is not a directory; pass the out_dir of a grid, e.g. results/runs/cpu")
     name, entries = _index_entries(root)
     run_rows, step_frames, eval_rows, assign_rows, problems = [], [], [], [], []
+    dropped: list[str] = []
+    damaged: list[str] = []
     for entry in entries:
         run = entry.get("run")
         if not run:
@@ -215,7 +223,17 @@ def load_grid(path: str | Path) -> GridData:
         elif row["status"] == "done":
             row["status"] = "partial"
             row["problem"] = "index says done but DONE is missing"
-        records = read_jsonl(run_dir / "metrics.jsonl")
+        try:
+            records = read_jsonl(run_dir / "metrics.jsonl", dropped)
+            raw_evals = read_jsonl(run_dir / "eval.jsonl", dropped)
+        except JsonlDamaged as exc:  # refuse below, after every damaged file is known
+            damaged.append(str(exc).split(": not a JSON record")[0] + ": not a JSON record")
+            continue
+        for what, recs, keys in (("metrics.jsonl", records, ("step",)), ("eval.jsonl", raw_evals, ("step", "benchmark"))):
+            if dups := _duplicates(recs, keys):
+                dropped.append(f"{run_dir / what}: {len(dups)} {'/'.join(keys)} value(s) recorded more than once "
+                               f"({', '.join(map(str, dups[:5]))}{' ...' if len(dups) > 5 else ''}); the last record "
+                               "of each is used (two writers, or a resume that kept records)")
         if records:
             frame = pd.DataFrame.from_records(records)
             if "step" not in frame:
@@ -225,7 +243,7 @@ def load_grid(path: str | Path) -> GridData:
             step_frames.append(frame)
             row["n_steps"] = len(frame)
             row["last_step"] = float(frame["step"].max())
-        evals = [e for e in read_jsonl(run_dir / "eval.jsonl") if "benchmark" in e and "step" in e]
+        evals = [e for e in raw_evals if "benchmark" in e and "step" in e]
         for e in evals:
             succ = np.asarray(e.get("successes", []), dtype=np.int64)
             eval_rows.append({"run": run, "step": int(e["step"]), "benchmark": str(e["benchmark"]),
@@ -242,6 +260,10 @@ def load_grid(path: str | Path) -> GridData:
             row["problem"] = f"last eval at step {row['last_eval_step']:.0f} < last step {row['last_step']:.0f}"
         row["usable"] = not row["problem"]
         run_rows.append(row)
+    if damaged:
+        raise GridLoadError(f"{len(damaged)} damaged JSONL file(s) (a line before the last is not a JSON record, so "
+                            "dropping it would silently change the tables): " + "; ".join(damaged)
+                            + ". Restore these files, or delete or rerun the runs")
     runs = pd.DataFrame(run_rows, columns=RUN_COLUMNS)
     runs["seed"] = pd.to_numeric(runs["seed"], errors="coerce").fillna(0).astype(int)
     runs["usable"] = runs["usable"].astype(bool)
@@ -260,7 +282,7 @@ def load_grid(path: str | Path) -> GridData:
                     agents=_split_keys(steps, "agent", "agent", {"tokens/": "tokens"}),
                     groups=_split_keys(steps, "wg", "wg", {"timing/generate/": "generate_s"}),
                     evals=evals, assignment=pd.DataFrame(assign_rows, columns=["run", "agent", "model", "preset"]),
-                    problems=problems)
+                    problems=problems, dropped=dropped)
 
 
 def _check_task_order(evals: pd.DataFrame, runs: pd.DataFrame, problems: list[str]) -> None:

@@ -35,6 +35,7 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
+from drmas.io import atomic_write_json  # noqa: E402
 from envs.search.server import ServerLimits  # noqa: E402
 
 logger = logging.getLogger("load_test_server")
@@ -129,13 +130,6 @@ def generated_corpus(folder: Path) -> tuple[str, list[str]]:
     return str(path), [t.question for t in generate_tasks(kb, 200, seed=0)]
 
 
-def _atomic_write_json(path: Path, payload: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2))
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--concurrency", type=int, default=8, help="client threads (requests in flight at most)")
@@ -162,7 +156,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             proc.wait(timeout=30)
     report.update({"corpus": args.corpus or "generated_kb", "backend": args.backend,
                    "cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]})
-    _atomic_write_json(Path(args.out), report)
+    atomic_write_json(Path(args.out), report, indent=2)
     print(f"{report['requests']} requests ({report['bad_sent']} bad) from {args.concurrency} threads in "
           f"{report['seconds']:.1f}s: {report['req_per_s']:.1f} requests/s, p50 {report['p50_ms']:.1f} ms, "
           f"p99 {report['p99_ms']:.1f} ms; good failed {report['good_failed']}, bad refused with 4xx "

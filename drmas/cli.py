@@ -11,8 +11,18 @@ import argparse
 import json
 import logging
 import sys
+from contextlib import nullcontext
 
+from drmas.checkpoints import CheckpointDamaged, CheckpointMismatch
 from drmas.config import ConfigError, load_config
+from drmas.io import JsonlDamaged
+from drmas.locks import FolderLocked, folder_lock
+from drmas.preflight import check_before_work
+from drmas.shutdown import children_end_with_me
+
+EXIT_CODES: dict[type[Exception], int] = {ConfigError: 2, FolderLocked: 1, CheckpointDamaged: 1, CheckpointMismatch: 1,
+                                          JsonlDamaged: 1}
+"""Errors reported as one ``drmas: message`` line (no traceback), with their exit codes."""
 
 
 def _setup_logging(level: str) -> None:
@@ -25,20 +35,22 @@ def cmd_train(args: argparse.Namespace) -> int:
     from drmas.trainer.warmup import warmup
 
     cfg = load_config(args.config, args.overrides)
+    check_before_work(cfg, train=not args.sft_only)
     if cfg.train.threads:
         import torch
 
         torch.set_num_threads(cfg.train.threads)
-    sft = warmup(cfg, progress=not args.no_progress)
-    if sft:
-        print(json.dumps({"sft": sft}, default=float))
-    if args.sft_only:
-        return 0
-    trainer = Trainer(cfg)
-    try:
-        trainer.train(progress=not args.no_progress)
-    finally:
-        trainer.close()
+    with nullcontext() if args.sft_only else folder_lock(cfg.run_dir, "run folder"):  # before any work
+        sft = warmup(cfg, progress=not args.no_progress)
+        if sft:
+            print(json.dumps({"sft": sft}, default=float))
+        if args.sft_only:
+            return 0
+        trainer = Trainer(cfg)
+        try:
+            trainer.train(progress=not args.no_progress)
+        finally:
+            trainer.close()
     print(f"run complete: {cfg.run_dir}")
     return 0
 
@@ -99,10 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging(args.log_level)
     try:
-        return args.func(args)
-    except ConfigError as exc:
+        with children_end_with_me():  # SIGTERM/SIGINT end the SFT workers, grader and Ray processes too
+            return args.func(args)
+    except tuple(EXIT_CODES) as exc:
         print(f"drmas: {exc}", file=sys.stderr)
-        return 2
+        return next(code for cls, code in EXIT_CODES.items() if isinstance(exc, cls))
 
 
 if __name__ == "__main__":

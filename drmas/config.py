@@ -248,6 +248,9 @@ class TrainConfig(Strict):
                              "DeepSpeed actor groups + vLLM engines in one shared GPU pool (docs/gpu.md)")
     threads: int = Field(1, ge=0, description="torch threads per process (0 = leave as is); on 2 shared cores "
                          "1 thread was measured 10-27x faster than 2 under load")
+    keep_previous_checkpoint: bool = Field(
+        False, description="keep the checkpoint before the latest (checkpoints/latest.old): a resume that finds "
+                           "`latest` damaged falls back to it (twice the checkpoint disk space)")
 
 
 class SFTSection(Strict):
@@ -264,8 +267,16 @@ class SFTSection(Strict):
 
 
 class RunConfig(Strict):
-    name: str = "run"
+    name: str = Field("run", description="run folder name under out_dir: one path component (no '/', not '..')")
     out_dir: str = Field("results/runs", description="the run directory is out_dir/name")
+
+    @field_validator("name")
+    @classmethod
+    def _name_stays_in_out_dir(cls, name: str) -> str:
+        if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+            raise ValueError(f"name = {name!r} would put the run outside out_dir/<name>; use one folder name such as "
+                             "'math_sharing_s0' (no '/', not '.' or '..', not empty)")
+        return name
     env: EnvConfig = EnvConfig()
     models: dict[str, ModelConfig] = Field(default_factory=lambda: {"shared": ModelConfig()})
     agents: list[AgentConfig] = Field(default_factory=list)

@@ -37,6 +37,10 @@ from typing import Any
 
 import yaml
 
+from drmas.io import atomic_write_json
+from drmas.locks import FolderLocked, folder_lock
+from drmas.shutdown import children_end_with_me
+
 logger = logging.getLogger("experiments.grid")
 STALE_POLICIES = ("error", "rerun", "keep")
 ROOT = Path(__file__).resolve().parent.parent
@@ -230,9 +234,7 @@ def write_index(grid: Grid, timings: dict[str, float], failed: dict[str, str]) -
         seconds = timings.get(run.name, previous.get(run.name, {}).get("seconds"))
         rows.append({"run": run.name, "config": run.config, "overrides": run.overrides, **run.tags,
                      "status": status, "seconds": seconds, **({"error": failed[run.name]} if run.name in failed else {})})
-    tmp = out / "index.json.tmp"
-    tmp.write_text(json.dumps({"grid": grid.name, "runs": rows}, indent=1))
-    os.replace(tmp, out / "index.json")
+    atomic_write_json(out / "index.json", {"grid": grid.name, "runs": rows}, indent=1)
     return out / "index.json"
 
 
@@ -275,6 +277,16 @@ def checkpoints_ready(run: Run) -> bool:
 
 def run_grid(grid: Grid, jobs: int = 2, only: str | None = None, dry_run: bool = False,
              stale: str = "error") -> dict[str, str]:
+    """:func:`_run_grid` holding the lock of ``grid.out_dir`` (a second runner on it stops at once with
+    ``FolderLocked`` naming the first), and ending every child process on SIGTERM/SIGINT."""
+    if dry_run:
+        return _run_grid(grid, jobs, only, dry_run, stale)
+    with folder_lock(grid.out_dir, "grid out_dir"), children_end_with_me():
+        return _run_grid(grid, jobs, only, dry_run, stale)
+
+
+def _run_grid(grid: Grid, jobs: int = 2, only: str | None = None, dry_run: bool = False,
+              stale: str = "error") -> dict[str, str]:
     """Run every incomplete run of ``grid`` (``only``: fnmatch pattern(s) on run names, comma-separated).
     Returns run name -> error for the runs that failed; the others are complete. ``stale``: what to do
     with run folders made with another config (:func:`set_aside_stale`).
@@ -399,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
     except GridError as exc:
         print(f"experiments.grid: {exc}", file=sys.stderr)
         return 2
+    except FolderLocked as exc:
+        print(f"experiments.grid: {exc}", file=sys.stderr)
+        return 1
     if failed:
         print(f"experiments.grid: {len(failed)} run(s) failed: {sorted(failed)}; rerun to retry them", file=sys.stderr)
         return 1

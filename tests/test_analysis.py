@@ -302,7 +302,7 @@ def test_report_end_to_end(grid, tmp_path):
     assert verdicts["d"] == ["reproduced"]
     assert verdicts["e"] == ["reproduced"]  # nano agents are cheaper and faster, accuracy unchanged
     assert verdicts["f"] == ["finding (no paper value)"]
-    assert "| a |" in text and "needs GPU scale" in text and "Runs left out" in text
+    assert "| a |" in text and "needs GPU scale" in text and "## Data problems" in text
     for stem in ("table1_math", "table2_search", "table1_math_average", "table2_search_paper", "table3_ablation_search",
                  "headline_gains", "gradnorm", "hetero_search"):
         for ext in ("md", "tex", "csv"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -22,7 +23,8 @@ from envs.search.generated import KBConfig, generate_kb, generate_tasks
 from envs.search.retriever import build_retriever
 from envs.search.server import ServerLimits, ServerThread, bind_socket, create_app
 
-LIMITS = ServerLimits(max_queries=4, max_query_chars=50, max_topk=10, max_body_bytes=2000)
+LIMITS = ServerLimits(max_queries=4, max_query_chars=50, max_topk=10, max_body_bytes=2000, max_hits=30,
+                      body_timeout_s=2.0, keep_alive_s=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -90,12 +92,62 @@ def test_single_query_and_bare_documents(server):
     (json.dumps({"queries": ["a"], "topk": True}).encode(), 422, "topk"),
     (json.dumps({"queries": ["a"], "return_scores": "yes"}).encode(), 422, "return_scores"),
     (json.dumps({"queries": ["a"], "pad": "x" * 3000}).encode(), 413, "body .* limit .* 2000"),
+    (b"[" * 1999, 400, "nested 1999 levels deep; the limit is 400"),  # issue 17: was a RecursionError 500
+    (b'{"queries": ["a"], "x": ' + b"[" * 401 + b"]" * 401 + b"}", 400, "nested 402 levels"),
+    (json.dumps({"queries": ["a"] * 4, "topk": 10}).encode(), 413, "= 40 results; the limit is 30"),
 ])
 def test_bad_requests_get_4xx(bm25_server, body, status, message):
     url, _ = bm25_server
     resp = requests.post(f"{url}/retrieve", data=body, headers={"Content-Type": "application/json"}, timeout=5)
     assert resp.status_code == status
     assert re.search(message, resp.json()["detail"])
+
+
+def test_json_depth_skips_strings():
+    from envs.search.server import json_depth
+
+    assert json_depth(b'{"a": [[1], {"b": "[[[[\\"[["}]}') == 3 and json_depth(b'"["') == 0
+
+
+def _raw_http(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=15)
+
+
+def test_a_half_sent_body_is_answered_408_and_closed(bm25_server):
+    """A client that announces 100 bytes and sends 10 gets 408 after ``body_timeout_s``, and the connection
+    closes (300 such bodies used to stay open)."""
+    url, _ = bm25_server
+    with _raw_http(url) as sock:
+        sock.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n" + b'{"queries"')
+        t0 = time.monotonic()
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 408") and b"not received within 2.0 s" in answer
+    assert time.monotonic() - t0 < 10
+
+
+def test_an_idle_keep_alive_connection_is_closed(bm25_server):
+    url, _ = bm25_server
+    with _raw_http(url) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")  # HTTP/1.1: keep-alive
+        t0 = time.monotonic()
+        answer = b""
+        while chunk := sock.recv(65536):  # ends when the server hangs up (else: socket timeout, 15 s)
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200") and b'"status":"ok"' in answer
+    assert time.monotonic() - t0 < 10  # keep_alive_s = 1
+
+
+def test_topk_above_max_topk_names_the_real_flag(capsys):
+    from envs.search.server import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--corpus", "never-loaded.jsonl", "--topk", "500"])
+    assert info.value.code == 2
+    assert "--topk 500 exceeds --max-topk 100; lower --topk or raise --max-topk" in capsys.readouterr().err
 
 
 def test_env_over_http(server, kb):

@@ -174,14 +174,14 @@ def _inject(kill: str) -> None:
 
         pathlib.Path.rename = rename
     elif site == "done":  # the final checkpoint written, the DONE marker not
-        real_write = trainer_module._atomic_write
+        real_write = trainer_module.atomic_write_json
 
-        def atomic_write(path, text):
+        def atomic_write_json(path, obj, **kw):
             if path.name == "DONE":
                 _kill_self()
-            return real_write(path, text)
+            return real_write(path, obj, **kw)
 
-        trainer_module._atomic_write = atomic_write
+        trainer_module.atomic_write_json = atomic_write_json
     elif site != "none":
         raise ValueError(f"unknown kill site {site!r}")
 
@@ -291,6 +291,119 @@ def test_sigkill_at_random_moments_from_outside_then_resume(warm, reference):
         if _run_child(overrides, "none") == 0:
             break
     _assert_same_as_reference(run_dir, reference)
+
+
+# -------------------------------------------------------------------- checkpoint integrity (issue 17)
+def _flip(path: Path, n: int = 4096) -> None:
+    """Invert ``n`` bytes in the middle of ``path`` (the size stays the same)."""
+    data = bytearray(path.read_bytes())
+    mid = len(data) // 2
+    data[mid:mid + n] = bytes(b ^ 0xFF for b in data[mid:mid + n])
+    path.write_bytes(bytes(data))
+
+
+def _damage(path: Path, fault: str) -> None:
+    if fault == "flip":
+        _flip(path)
+    elif fault == "truncate":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    else:  # emptied
+        path.write_bytes(b"")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault, file", [("flip", "worker_solver_model.pt"), ("truncate", "worker_verifier_model.pt"),
+                                         ("empty", "trainer.json")])
+def test_a_damaged_checkpoint_is_refused_with_one_line_naming_the_file(warm, reference, capsys, fault, file):
+    """4 KiB of flipped bytes in a worker state (same size), a truncated one, an emptied trainer.json: resume
+    and ``drmas eval`` stop with one line naming the file, and no record is rewritten (they used to load
+    the flipped weights and train on, raise a raw torch traceback, or silently restart from step 0)."""
+    from drmas.checkpoints import CheckpointDamaged
+    from drmas.cli import main
+
+    run_dir = warm / "runs" / f"damaged_{fault}"
+    shutil.copytree(warm / "runs" / "reference", run_dir)
+    target = run_dir / "checkpoints" / "latest" / file
+    _damage(target, fault)
+    records = (run_dir / "metrics.jsonl").read_text(), (run_dir / "eval.jsonl").read_text()
+    with pytest.raises(CheckpointDamaged, match=str(target)):
+        _train(_overrides(warm, f"damaged_{fault}"))
+    assert ((run_dir / "metrics.jsonl").read_text(), (run_dir / "eval.jsonl").read_text()) == records
+    capsys.readouterr()
+    assert main(["eval", str(run_dir)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err  # (above it: the model-loading progress bars of transformers)
+    assert err.strip().splitlines()[-1].startswith(f"drmas: {target}: ") and "no previous checkpoint is kept" in err
+
+
+@pytest.mark.slow
+def test_a_damaged_checkpoint_falls_back_to_the_kept_previous_one(warm, caplog):
+    """With ``train.keep_previous_checkpoint``, a damaged ``latest`` is set aside and the run resumes from the
+    previous checkpoint, saying so; the records it rewrites equal the undamaged run's."""
+    overrides = _overrides(warm, "kept", "train.steps=2", "train.keep_previous_checkpoint=true")
+    run_dir = _train(overrides)
+    metrics, evals = _records(run_dir / "metrics.jsonl"), _records(run_dir / "eval.jsonl")
+    ckpt = run_dir / "checkpoints"
+    assert [json.loads((ckpt / d / "trainer.json").read_text())["step"] for d in ("latest", "latest.old")] == [2, 1]
+    _flip(ckpt / "latest" / "worker_solver_model.pt")
+    _train(overrides)
+    assert "falling back to the previous checkpoint (step 1)" in caplog.text
+    assert f"{ckpt / 'latest' / 'worker_solver_model.pt'}: sha256 differs" in caplog.text
+    assert _stable(_records(run_dir / "metrics.jsonl")) == _stable(metrics) and _records(run_dir / "eval.jsonl") == evals
+    assert (ckpt / "latest.damaged-1").is_dir()
+
+
+def test_a_base_checkpoint_is_checked_against_the_sft_block_and_its_files(warm, tmp_path):
+    """A base checkpoint records the sha256 of the ``sft`` block that built it: a changed block is refused,
+    naming the changed key (it used to be used silently); a flipped byte in its weights is refused, naming
+    the file; the unchanged block uses it as it is."""
+    from drmas.checkpoints import CheckpointDamaged, CheckpointMismatch
+    from drmas.trainer.warmup import warmup
+
+    assert warmup(_load(_overrides(warm, "base")), progress=False) == {}
+    with pytest.raises(CheckpointMismatch, match=r"models\.solver_model\.path=.* was built from another `sft` block "
+                                                 r"\(sft\.lr \(0\.003 -> 0\.01\)\)"):
+        warmup(_load(_overrides(warm, "base", "sft.lr=0.01")), progress=False)
+    copy = tmp_path / "verifier"
+    shutil.copytree(warm / "sft" / "verifier", copy)
+    _flip(copy / "model.safetensors", n=64)
+    with pytest.raises(CheckpointDamaged, match=f"{copy / 'model.safetensors'}: sha256 differs"):
+        warmup(_load(_overrides(warm, "base", f"models.verifier_model.path={copy}")), progress=False)
+
+
+@pytest.mark.slow
+def test_sigterm_to_drmas_train_ends_its_children_and_releases_the_run_folder(warm):
+    """SIGTERM during RL: the grader's worker subprocess ends with the run, which exits 143 and leaves its
+    folder unlocked."""
+    import psutil
+
+    config = warm / "terminated.yaml"
+    config.write_text("{}\n")
+    run_dir = warm / "runs" / "terminated"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "DRMAS_PROGRESS": ""}
+    proc = subprocess.Popen([sys.executable, "-m", "drmas.cli", "train", str(config),
+                             *_overrides(warm, "terminated", "train.steps=200"), "--no-progress"],
+                            cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    kids: list = []
+    try:
+        deadline = time.monotonic() + 300
+        while not kids or not (run_dir / "metrics.jsonl").exists():  # training, with its grader worker
+            assert proc.poll() is None and time.monotonic() < deadline, f"no RL step with a child ({proc.returncode})"
+            time.sleep(0.5)
+            kids = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        _, alive = psutil.wait_procs(kids, timeout=30)
+        assert not alive, f"orphans: {[p.pid for p in alive]}"
+        assert (run_dir / "metrics.jsonl").exists() and not (run_dir / ".lock").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for p in kids:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
 
 
 # -------------------------------------------------------------------------------------------- numerics

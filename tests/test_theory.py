@@ -235,10 +235,14 @@ def test_tiny_lm_per_sample_gradients_match_autograd_loop():
 
 # ---------------------------------------------------------------------------------- CLI and notebook
 def test_cli_quick_writes_json_tables_and_figures(tmp_path):
-    out, figs = tmp_path / "theory", tmp_path / "figs"
-    cmd = [sys.executable, "-m", "analysis.theory", "--quick", "--out", str(out), "--figures", str(figs)]
+    """``--out DIR`` alone puts the figures under DIR/figures: the committed paper_figures/theory_* stay as they are
+    (issue 17: a quick run with --out used to write its figures over them)."""
+    out, figs = tmp_path / "theory", tmp_path / "theory" / "figures"
+    committed = {p: p.stat().st_mtime_ns for p in (ROOT / "paper_figures").glob("theory_*")}
+    cmd = [sys.executable, "-m", "analysis.theory", "--quick", "--out", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert committed and {p: p.stat().st_mtime_ns for p in committed} == committed
     records = json.loads((out / "lemma42.json").read_text())
     assert {r["study"] for r in records} == {"controlled", "sweep", "tiny_lm"}
     assert all(set(REQUIRED_KEYS) <= set(r) for r in records)
@@ -255,6 +259,20 @@ def test_cli_quick_writes_json_tables_and_figures(tmp_path):
         assert (figs / f"{name}.png").stat().st_size > 0 and (figs / f"{name}.pdf").stat().st_size > 0
     assert "in-sample identity" in proc.stdout
     assert not list(out.glob(".*.tmp")) and not list(figs.glob(".*.tmp"))  # atomic writes leave no temp file
+
+
+@pytest.mark.parametrize("argv, out, figures", [
+    ([], "results/theory", "paper_figures"),  # the full run writes the committed files
+    (["--out", "results/theory"], "results/theory", "paper_figures"),
+    (["--quick"], "results/theory/quick", "results/theory/quick/figures"),  # never over the full run's
+    (["--out", "/tmp/th"], "/tmp/th", "/tmp/th/figures"),
+    (["--quick", "--out", "/tmp/th", "--figures", "/tmp/f"], "/tmp/th", "/tmp/f"),  # told otherwise
+])
+def test_cli_output_folders(argv, out, figures):
+    from analysis.theory.__main__ import parse_args
+
+    args = parse_args(argv)
+    assert (args.out_dir, args.figures_dir) == (Path(out), Path(figures))
 
 
 def test_notebook_executes_headless_in_quick_mode():

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -13,6 +11,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from drmas.io import atomic_output
 from analysis.theory.records import Record
 from analysis.theory.softmax import SweepFit
 
@@ -24,16 +23,9 @@ SUMMARY_COLUMNS = ["study", "setting", "agent", "normalization", "estimator", "p
 
 # ----------------------------------------------------------------------------------------------- files
 def _atomic(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    """``write(tmp)`` to a temporary file that replaces ``path`` when complete (:func:`drmas.io.atomic_output`)."""
+    with atomic_output(path) as tmp:
+        write(str(tmp))
 
 
 def write_text(path: Path, text: str) -> None:

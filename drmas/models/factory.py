@@ -35,6 +35,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from drmas.checkpoints import write_manifest
 from drmas.models.tokenizer import is_drmas_tokenizer, is_drmas_tokenizer_folder, load_tokenizer, save_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -139,8 +140,10 @@ def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: str | Path) -> Path:
-    """Write model (safetensors + config) and tokenizer to ``folder`` atomically.
+def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: str | Path,
+                built_by: dict | None = None) -> Path:
+    """Write model (safetensors + config), tokenizer and sha256 manifest (``drmas.checkpoints``, with
+    ``built_by`` when given: what built it) to ``folder`` atomically.
 
     Everything goes to a temporary sibling folder that is renamed onto ``folder`` at the end, so a
     reader never sees a half-written checkpoint. An existing ``folder`` is replaced by two renames (old
@@ -155,6 +158,7 @@ def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, fold
             save_tokenizer(tokenizer, tmp)
         else:
             tokenizer.save_pretrained(str(tmp))
+        write_manifest(tmp, **({"built_by": built_by} if built_by else {}))
         if folder.exists():
             old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
             folder.rename(old)

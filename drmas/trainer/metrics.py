@@ -31,10 +31,8 @@ tokens/{k}                           prompt + response tokens of agent k's calls
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from drmas.algos import SpikeDetector, lemma_factors
+from drmas.io import append_jsonl as _append_line, read_jsonl, read_jsonl_lines, write_jsonl  # noqa: F401 (re-exported)
 from drmas.step_table import StepTable
 
 logger = logging.getLogger(__name__)
@@ -183,55 +182,8 @@ class MetricsSink:
         for path, limit in limits:
             if not path.exists():
                 continue
-            keep = [line for line, rec in read_jsonl_lines(path) if rec.get("step", -1) <= limit]
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text("".join(line + "\n" for line in keep))
-            os.replace(tmp, path)
+            write_jsonl(path, [line for line, rec in read_jsonl_lines(path) if rec.get("step", -1) <= limit])
 
     def close(self) -> None:
         if self._tb:
             self._tb.close()
-
-
-def _append_line(path: Path, record: dict[str, Any]) -> None:
-    """Append one JSON line with a single write and fsync it: a kill leaves at most a torn last line,
-    which ``read_jsonl_lines`` detects."""
-    data = (json.dumps(record, default=float, allow_nan=True) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def read_jsonl_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
-    """(line, record) of every record of a JSONL file written by ``_append_line``.
-
-    A last line that is not valid JSON (or a complete line without its newline that is) is a torn append
-    of a killed run: it is dropped with a warning. An invalid line before the last one is damage that
-    dropping would hide (a lost step), so it raises ``ValueError`` naming the file and the line."""
-    text = Path(path).read_text(encoding="utf-8", errors="replace")
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()  # the file ends with a newline, as every complete append does
-    out: list[tuple[str, dict[str, Any]]] = []
-    for no, line in enumerate(lines, 1):
-        try:
-            rec = json.loads(line)
-            if not isinstance(rec, dict):
-                raise ValueError("not a JSON object")
-        except ValueError as exc:
-            if no == len(lines):
-                logger.warning("%s: dropping a torn last line (%d bytes) left by a killed run", path, len(line))
-                break
-            raise ValueError(f"{path}, line {no}: not a JSON record ({exc}) and not the last line, so not a torn "
-                             "append; the file is damaged: restore it, or delete the run directory and start "
-                             "the run again") from None
-        out.append((line, rec))
-    return out
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The records of a metrics/eval JSONL file (a torn last line is dropped; see ``read_jsonl_lines``)."""
-    return [rec for _, rec in read_jsonl_lines(path)]

@@ -24,7 +24,10 @@ import torch
 
 from drmas.agents import make_agent
 from drmas.algos import SpikeDetector, compute_advantages
+from drmas.checkpoints import MANIFEST_NAME, CheckpointDamaged, read_manifest, verify_checkpoint, write_manifest
 from drmas.config import RunConfig, dump_config
+from drmas.io import atomic_write_json, atomic_write_text
+from drmas.locks import folder_lock
 from drmas.orchestra import make_orchestra
 from drmas.rollout.base import SamplingParams
 from drmas.trainer.backends import WorkerDied, make_backend
@@ -131,16 +134,17 @@ class Trainer:
         """Resume (or start), run the remaining steps, evaluate and checkpoint at the end, write ``DONE``.
         A dead worker group is replaced and the run goes on from its last checkpoint (deterministic, so
         the records are those of an uninterrupted run), at most ``max_worker_restarts`` times."""
-        self._write_manifest()
-        restarts = 0
-        while True:
-            try:
-                last = self._run(self._resume(), progress)
-                break
-            except WorkerDied as exc:
-                restarts += 1
-                self._replace_workers(exc, restarts)
-        _atomic_write(self.run_dir / "DONE", json.dumps({"steps": self.cfg.train.steps, "time": time.time()}))
+        with folder_lock(self.run_dir, "run folder"):  # a second writer of this run stops at once
+            self._write_manifest()
+            restarts = 0
+            while True:
+                try:
+                    last = self._run(self._resume(), progress)
+                    break
+                except WorkerDied as exc:
+                    restarts += 1
+                    self._replace_workers(exc, restarts)
+            atomic_write_json(self.run_dir / "DONE", {"steps": self.cfg.train.steps, "time": time.time()})
         self.sink.close()
         return last
 
@@ -206,6 +210,9 @@ class Trainer:
         return self.run_dir / "checkpoints" / "latest"
 
     def _checkpoint(self, step: int) -> None:
+        """Write ``latest.tmp/`` (worker states, ``trainer.json``, then the sha256 manifest, last), then
+        rotate: ``latest`` -> ``latest.old``, ``latest.tmp`` -> ``latest``; ``latest.old`` is removed unless
+        ``train.keep_previous_checkpoint``."""
         tmp = self.ckpt_dir.with_name("latest.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -214,38 +221,61 @@ class Trainer:
         trainer_state = {"step": step, "consecutive_nonfinite": self.consecutive_nonfinite,
                          "spikes": {k: (list(d.history), d.count) for k, d in self.spikes.items()}}
         (tmp / "trainer.json").write_text(json.dumps(trainer_state))
+        write_manifest(tmp, step=step)  # last: a folder with a manifest is complete
         old = self.ckpt_dir.with_name("latest.old")
         shutil.rmtree(old, ignore_errors=True)
         if self.ckpt_dir.exists():
             self.ckpt_dir.rename(old)
         tmp.rename(self.ckpt_dir)
-        shutil.rmtree(old, ignore_errors=True)
+        if not self.cfg.train.keep_previous_checkpoint:
+            shutil.rmtree(old, ignore_errors=True)
         logger.info("checkpoint at step %d -> %s", step, self.ckpt_dir)
 
     def _checkpoint_step(self) -> int:
-        """Step of the complete checkpoint the run would resume from (0: none). A run killed inside
-        ``_checkpoint`` leaves ``latest.tmp`` (complete once its trainer.json, written last, parses) and/or
-        ``latest.old``; with no complete ``latest``, the newest complete one of them is moved back."""
-        complete = {}
-        for path in (self.ckpt_dir, self.ckpt_dir.with_name("latest.tmp"), self.ckpt_dir.with_name("latest.old")):
+        """Step of the checkpoint the run resumes from (0: none), after verifying it.
+
+        A folder is complete once its manifest (written last) parses. A run killed inside ``_checkpoint``
+        leaves ``latest.tmp`` and/or ``latest.old``; with no ``latest``, the newest complete one of them is
+        moved back. A ``latest`` that fails verification raises :class:`CheckpointDamaged` naming the file,
+        unless a verified ``latest.old`` is kept (``train.keep_previous_checkpoint``): then the damaged one is
+        moved to ``latest.damaged-N`` and the run resumes from the previous one, with a warning."""
+        latest, tmp, old = self.ckpt_dir, self.ckpt_dir.with_name("latest.tmp"), self.ckpt_dir.with_name("latest.old")
+        if latest.exists() and not (latest / MANIFEST_NAME).exists() and (latest / "trainer.json").is_file():
+            logger.warning("%s has no %s (written before checkpoint manifests): loaded unverified", latest,
+                           MANIFEST_NAME)
             try:
-                complete[path] = int(json.loads((path / "trainer.json").read_text())["step"])
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
-        if self.ckpt_dir in complete:
-            return complete[self.ckpt_dir]
+                return int(json.loads((latest / "trainer.json").read_text())["step"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CheckpointDamaged(f"{latest / 'trainer.json'}: unreadable ({exc})") from None
+        if latest.exists():
+            try:
+                return int(verify_checkpoint(latest)["step"])
+            except CheckpointDamaged as exc:
+                if read_manifest(old) is None:
+                    raise CheckpointDamaged(f"{exc}; no previous checkpoint is kept (train.keep_previous_checkpoint="
+                                            f"false): restore the file, or delete {latest} to start from step 0"
+                                            ) from None
+                verify_checkpoint(old)  # raises if the previous one is damaged too
+                k = next(i for i in range(1, 10_000) if not latest.with_name(f"latest.damaged-{i}").exists())
+                latest.rename(latest.with_name(f"latest.damaged-{k}"))
+                old.rename(latest)
+                step = int(read_manifest(latest)["step"])
+                logger.warning("%s; falling back to the previous checkpoint (step %d); the damaged one is kept as "
+                               "latest.damaged-%d", exc, step, k)
+                return step
+        complete = {p: int(m["step"]) for p in (tmp, old) if (m := read_manifest(p)) is not None}
         if not complete:
             return 0
         newest = max(complete, key=complete.get)
-        if self.ckpt_dir.exists():
-            shutil.rmtree(self.ckpt_dir)  # an incomplete leftover (cannot happen with _checkpoint's order)
-        newest.rename(self.ckpt_dir)
+        verify_checkpoint(newest)
+        newest.rename(latest)
         logger.warning("recovered the checkpoint of step %d from %s (a run was killed while checkpointing)",
                        complete[newest], newest)
         return complete[newest]
 
     def load_checkpoint(self) -> int:
-        """Restore workers and trainer state from ``checkpoints/latest``; returns its step (0 if none)."""
+        """Restore workers and trainer state from ``checkpoints/latest`` after verifying it against its
+        manifest; returns its step (0 if none)."""
         if not self._checkpoint_step():
             return 0
         state = json.loads((self.ckpt_dir / "trainer.json").read_text())
@@ -278,8 +308,8 @@ class Trainer:
                          "transformers": transformers.__version__, "numpy": np.__version__},
             "git_commit": _git_commit(), "argv": sys.argv,
         }
-        _atomic_write(self.run_dir / "manifest.json", json.dumps(manifest, indent=2, default=str))
-        _atomic_write(self.run_dir / "config.yaml", dump_config(self.cfg))
+        atomic_write_json(self.run_dir / "manifest.json", manifest, indent=2, default=str)
+        atomic_write_text(self.run_dir / "config.yaml", dump_config(self.cfg))
 
     def close(self) -> None:
         self.backend.close()
@@ -310,8 +340,3 @@ def _git_commit() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
 
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from drmas.agents import AgentView, make_agent
+from drmas.checkpoints import build_record, check_base_checkpoint
 from drmas.config import RunConfig
 from drmas.trainer.tasks import TaskSource, make_task_source
 from envs.base import Task
@@ -65,9 +66,12 @@ def _checkpoints_to_build(cfg: RunConfig) -> dict[str, tuple[str, list[str], lis
     for key, m in cfg.models.items():
         if m.path is None:
             raise ValueError(f"models.{key}.path: set where the warmed-up checkpoint goes")
-        if (Path(m.path) / "config.json").exists() or not m.preset:
-            continue  # built already, or a pre-trained checkpoint (local folder or hub id) loaded as it is
+        if not m.preset:
+            continue  # a pre-trained checkpoint (local folder or hub id) loaded as it is
         roles = model_roles(cfg, key)
+        if (Path(m.path) / "config.json").exists():  # built already: from this sft block, undamaged?
+            check_base_checkpoint(m.path, build_record(m.preset, roles, cfg.sft.model_dump()), key)
+            continue
         if m.path in plan:
             preset, other_roles, keys = plan[m.path]
             if (preset, sorted(other_roles)) != (m.preset, sorted(roles)):
@@ -137,6 +141,7 @@ def _warmup_locked(cfg: RunConfig, progress: bool) -> dict[str, Any]:
         if not examples:
             raise ValueError(f"no SFT traces for roles {roles} (models {keys}) in task source {cfg.env.name!r}")
         jobs.append(_SFTJob("+".join(keys), preset, path, str(tok_dir), examples,
+                            build_record(preset, roles, sft.model_dump()),
                             SFTConfig(lr=sft.lr, steps=sft.steps, batch_size=sft.batch_size, seed=sft.seed,
                                       warmup_steps=sft.warmup_steps), cfg.train.threads))
     workers = min(len(jobs), os.cpu_count() or 1)
@@ -155,6 +160,7 @@ class _SFTJob:
     path: str
     tokenizer_dir: str
     examples: list[tuple[str, str]]
+    build: dict[str, Any]  # drmas.checkpoints.build_record, kept in the checkpoint's manifest
     sft: Any
     threads: int
 
@@ -175,5 +181,5 @@ def _run_sft_job(job: _SFTJob, progress: bool) -> tuple[str, dict[str, Any]]:
     logger.info("SFT warm-up of %s (%s, %d params) on %d examples", job.key, job.preset, count_parameters(model),
                 len(job.examples))
     metrics = sft_train(model, tokenizer, job.examples, job.sft, progress=progress)
-    save_policy(model, tokenizer, job.path)  # atomic (temporary folder, then rename)
+    save_policy(model, tokenizer, job.path, built_by=job.build)  # atomic (temporary folder, then rename)
     return job.key, {**metrics, "examples": len(job.examples), "params": count_parameters(model)}

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from drmas.io import read_jsonl, write_jsonl
 from envs.base import Task
 from envs.math.grader import extract_boxed, fast_match
 from envs.paths import data_cache_dir, shared_data_dir
@@ -89,20 +90,16 @@ def task_from_record(record: Mapping[str, Any]) -> Task:
 
 
 def write_tasks_jsonl(tasks: Iterable[Task], path: Path) -> int:
-    """Write Tasks one per line (UTF-8); returns the number written."""
+    """Write Tasks one per line (UTF-8, atomically: :func:`drmas.io.write_jsonl`); returns the number written."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    n = 0
-    with open(path, "w", encoding="utf-8") as f:
-        for task in tasks:
-            f.write(json.dumps(task_to_record(task), ensure_ascii=False, default=str) + "\n")
-            n += 1
-    return n
+    lines = [json.dumps(task_to_record(task), ensure_ascii=False, default=str) for task in tasks]
+    write_jsonl(path, lines)
+    return len(lines)
 
 
 def read_tasks_jsonl(path: Path) -> list[Task]:
     """Read a file written by ``write_tasks_jsonl``."""
-    with open(path, encoding="utf-8") as f:
-        return [task_from_record(json.loads(line)) for line in f if line.strip()]
+    return [task_from_record(rec) for rec in read_jsonl(path)]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -168,8 +165,7 @@ def load_benchmark(name: str, shared_dir: Path | None = None) -> list[Task]:
             f"math set {name!r}: file {path} not found. Fix: point DRMAS_SHARED_DATA (or --shared-dir) at the "
             f"folder holding {spec.local_file}, or download the set with "
             f"`python -m envs.math.prepare --source hf` (needs internet and `pip install datasets`)")
-    with open(path, encoding="utf-8") as f:
-        tasks = [benchmark_row_to_task(json.loads(line)) for line in f if line.strip()]
+    tasks = [benchmark_row_to_task(rec) for rec in read_jsonl(path)]
     return _finish(tasks, name, spec)
 
 

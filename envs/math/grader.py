@@ -453,9 +453,7 @@ class MathGrader:
     def _verify_all(self, jobs: list[tuple[str, str]]) -> list[bool | str]:
         """Run (gold, pred) comparisons on the workers; True/False, or OUTCOME_TIMEOUT / OUTCOME_ERROR."""
         self._count(verify_calls=len(jobs))
-        n_chunks = min(self.num_workers, max(1, len(jobs) // 4))
-        bounds = np.linspace(0, len(jobs), n_chunks + 1).astype(int)
-        chunks = [jobs[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        chunks = [jobs[a:b] for a, b in chunk_bounds(len(jobs), self.num_workers)]
         if len(chunks) == 1:
             return self._verify_chunk(chunks[0])
         if self._executor is None:
@@ -526,6 +524,15 @@ class MathGrader:
                 self._retire(worker)
                 worker = None
         return results, worker
+
+
+def chunk_bounds(n_jobs: int, workers: int) -> list[tuple[int, int]]:
+    """(start, stop) of the per-worker chunks of a batch: one chunk per worker (at most one per job), sizes
+    differing by at most one, so a batch of pathological answers takes at most ``ceil(n_jobs / workers)``
+    timeouts in sequence (plus worker restarts), not ``n_jobs`` of them."""
+    n_chunks = max(1, min(workers, n_jobs))
+    bounds = np.linspace(0, n_jobs, n_chunks + 1).astype(int)
+    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
 
 
 # ----------------------------------------------------------------------------------------------------------

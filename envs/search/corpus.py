@@ -13,12 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from drmas.io import read_jsonl as _read_jsonl
+from drmas.io import write_jsonl as _write_jsonl
 from envs.base import Task
 from envs.paths import shared_data_dir
 from envs.search.reward import normalize_answer
@@ -100,16 +101,9 @@ class Corpus:
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """All rows of a jsonl file (blank lines skipped); errors name the file and line."""
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n}: not valid JSON ({e}); expected one JSON object per line") from e
-    return rows
+    """All rows of a jsonl file, by the project's one rule (:func:`drmas.io.read_jsonl`: blank lines skipped,
+    a torn last line dropped with a warning, any other bad line an error naming the file and line)."""
+    return _read_jsonl(path)
 
 
 def load_corpus(path: str | Path) -> Corpus:
@@ -129,14 +123,10 @@ def resolve_corpus_path(name_or_path: str | Path) -> Path:
 
 
 def write_jsonl(rows: Iterable[dict[str, Any]], path: str | Path) -> Path:
-    """Write rows (passages, tasks, traces) as jsonl atomically: temp file, then rename."""
+    """Write rows (passages, tasks, traces) as jsonl atomically (:func:`drmas.io.write_jsonl`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    tmp.replace(path)
+    _write_jsonl(path, list(rows))
     return path
 
 

@@ -10,13 +10,17 @@ Endpoints:
   ``contents`` is ``'"<title>"\\n<text>'`` as in Search-R1's wiki-18 corpus.
 - ``GET /health`` -> ``{"status": "ok", "backend", "passages", "corpus_hash"}``.
 
-Bad requests get a 4xx with ``{"detail": "<what is wrong and the limit>"}``: 400 malformed JSON,
-413 body/batch/query too large, 422 wrong field types or topk out of range.
+Bad requests get a 4xx with ``{"detail": "<what is wrong and the limit>"}``: 400 malformed JSON or JSON
+nested deeper than ``max_json_depth``, 408 a body not sent within ``body_timeout_s``, 413 body/batch/query
+too large or more than ``max_hits`` results (queries x topk: this bounds the answer and the memory a
+request needs), 422 wrong field types or topk out of range. Idle keep-alive connections close after
+``keep_alive_s``.
 ``--port 0`` picks a free port; the chosen address is logged and printed as ``RETRIEVAL_SERVER_URL=...``.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import socket
@@ -43,12 +47,41 @@ class ServerLimits:
     max_topk: int = 100
     max_body_bytes: int = 4 << 20  # 4 MiB
     default_topk: int = 3
+    max_json_depth: int = 400  # nesting of the request JSON (deeper: 400, not a RecursionError 500)
+    max_hits: int = 4096  # queries x topk per request: bounds the answer's size and the memory it needs
+    body_timeout_s: float = 30.0  # the whole body must arrive within this (else 408: no half-sent body stays open)
+    keep_alive_s: float = 5.0  # idle keep-alive connections are closed after this (uvicorn timeout_keep_alive)
 
     def __post_init__(self) -> None:
-        if min(self.max_queries, self.max_query_chars, self.max_topk, self.max_body_bytes, self.default_topk) < 1:
-            raise ValueError(f"all server limits must be >= 1, got {self}")
+        if min(self.max_queries, self.max_query_chars, self.max_topk, self.max_body_bytes, self.default_topk,
+               self.max_json_depth, self.max_hits, self.body_timeout_s, self.keep_alive_s) <= 0:
+            raise ValueError(f"all server limits must be > 0, got {self}")
         if self.default_topk > self.max_topk:
-            raise ValueError(f"default_topk={self.default_topk} exceeds max_topk={self.max_topk}; raise max_topk")
+            raise ValueError(f"--topk {self.default_topk} exceeds --max-topk {self.max_topk}; lower --topk or "
+                             "raise --max-topk")
+
+
+def json_depth(body: bytes) -> int:
+    """Deepest nesting of ``[``/``{`` in a JSON text (strings skipped), in one linear scan without recursion,
+    so that a hostile ``[`` x 100k is refused before ``json.loads`` recurses into it."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in body:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
 
 
 class RequestError(Exception):
@@ -63,9 +96,11 @@ def parse_request(body: bytes, limits: ServerLimits) -> tuple[list[str], int, bo
     """Validate a /retrieve body -> (queries, topk, return_scores); raises ``RequestError``."""
     if len(body) > limits.max_body_bytes:
         raise RequestError(413, f"request body exceeds the limit of {limits.max_body_bytes} bytes")
+    if (depth := json_depth(body)) > limits.max_json_depth:
+        raise RequestError(400, f"request JSON is nested {depth} levels deep; the limit is {limits.max_json_depth}")
     try:
         req = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise RequestError(400, f"request body is not valid JSON ({e}); send "
                                 f'{{"queries": ["..."], "topk": 3, "return_scores": true}}') from None
     if not isinstance(req, dict):
@@ -87,6 +122,9 @@ def parse_request(body: bytes, limits: ServerLimits) -> tuple[list[str], int, bo
     topk = limits.default_topk if topk is None else topk
     if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= limits.max_topk:
         raise RequestError(422, f"'topk' must be an integer in [1, {limits.max_topk}], got {topk!r}")
+    if len(queries) * topk > limits.max_hits:
+        raise RequestError(413, f"{len(queries)} queries x topk {topk} = {len(queries) * topk} results; the limit is "
+                                f"{limits.max_hits} per request, split the batch or lower topk")
     return_scores = req.get("return_scores", False)
     if not isinstance(return_scores, bool):
         raise RequestError(422, f"'return_scores' must be true or false, got {return_scores!r}")
@@ -96,6 +134,7 @@ def parse_request(body: bytes, limits: ServerLimits) -> tuple[list[str], int, bo
 def create_app(retriever: Retriever, limits: ServerLimits = ServerLimits()) -> Any:
     """FastAPI app serving ``retriever``."""
     app = FastAPI(title="drmas retrieval server (Search-R1 API)")
+    app.state.keep_alive_s = limits.keep_alive_s
 
     @app.get("/health")
     def health() -> dict[str, Any]:
@@ -109,10 +148,18 @@ def create_app(retriever: Retriever, limits: ServerLimits = ServerLimits()) -> A
             return JSONResponse({"detail": f"request body ({declared} bytes) exceeds the limit of "
                                            f"{limits.max_body_bytes} bytes"}, status_code=413)
         body = bytearray()
-        async for chunk in request.stream():  # stop reading once over the limit (chunked uploads too)
-            body += chunk
-            if len(body) > limits.max_body_bytes:
-                break
+
+        async def read_body() -> None:
+            async for chunk in request.stream():  # stop reading once over the limit (chunked uploads too)
+                body.extend(chunk)
+                if len(body) > limits.max_body_bytes:
+                    break
+
+        try:  # a half-sent body does not hold the connection
+            await asyncio.wait_for(read_body(), limits.body_timeout_s)
+        except asyncio.TimeoutError:
+            return JSONResponse({"detail": f"request body not received within {limits.body_timeout_s} s"},
+                                status_code=408, headers={"Connection": "close"})
         try:
             queries, topk, return_scores = parse_request(bytes(body), limits)
         except RequestError as e:
@@ -151,7 +198,8 @@ class ServerThread:
 
         self.sock = bind_socket(host, port)
         self.url = _url(self.sock)
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
+                                                    timeout_keep_alive=int(getattr(app.state, "keep_alive_s", 5))))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.startup_timeout_s = startup_timeout_s
 
@@ -183,8 +231,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     parser.add_argument("--topk", type=int, default=3, help="default topk when a request gives none")
+    parser.add_argument("--max-topk", type=int, default=ServerLimits.max_topk, help="largest topk a request may ask")
     parser.add_argument("--max-queries", type=int, default=ServerLimits.max_queries)
     parser.add_argument("--max-query-chars", type=int, default=ServerLimits.max_query_chars)
+    parser.add_argument("--max-hits", type=int, default=ServerLimits.max_hits, help="queries x topk per request")
     parser.add_argument("--no-cache", action="store_true", help="rebuild the index, do not read or write the cache")
     parser.add_argument("--log-level", default="info")
 
@@ -199,18 +249,21 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     args = parser.parse_args(argv)
+    try:  # checked before the corpus is loaded: a bad flag costs nothing
+        limits = ServerLimits(max_queries=args.max_queries, max_query_chars=args.max_query_chars,
+                              max_topk=args.max_topk, max_hits=args.max_hits, default_topk=args.topk)
+    except ValueError as exc:
+        parser.error(str(exc))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("bm25s").setLevel(logging.WARNING)
     corpus = load_corpus(resolve_corpus_path(args.corpus))
     retriever = build_retriever(corpus, args.backend, use_cache=not args.no_cache)
-    limits = ServerLimits(max_queries=args.max_queries, max_query_chars=args.max_query_chars,
-                          default_topk=args.topk)
     sock = bind_socket(args.host, args.port)
     url = _url(sock)
     logger.info("retrieval server (%s, %d passages) listening on %s", args.backend, len(corpus), url)
     print(f"RETRIEVAL_SERVER_URL={url}", flush=True)
-    uvicorn.Server(uvicorn.Config(create_app(retriever, limits), log_level=args.log_level.lower(),
-                                  lifespan="off")).run(sockets=[sock])
+    uvicorn.Server(uvicorn.Config(create_app(retriever, limits), log_level=args.log_level.lower(), lifespan="off",
+                                  timeout_keep_alive=int(limits.keep_alive_s))).run(sockets=[sock])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,113 @@
+"""Checkpoint integrity: a sha256 manifest per checkpoint folder, and the build record of base checkpoints.
+
+Every checkpoint folder drmas writes (an RL run's ``checkpoints/latest``, an SFT'd base checkpoint) gets
+``manifest.sha256.json``: ``{"files": {relative path: {"sha256", "bytes"}}, ...extra}``. It is written last
+into the temporary folder that is then renamed into place, so it appears atomically with the checkpoint.
+:func:`verify_checkpoint` recomputes the hashes and raises :class:`CheckpointDamaged` with one line naming
+the first damaged file (missing, another size, another sha256): a flipped byte, a truncated file or an
+emptied ``trainer.json`` is caught before anything is loaded from it.
+
+A base checkpoint's manifest also records ``built_by``: the model preset, the roles it was fine-tuned on
+and the run config's ``sft`` block with its hash. :func:`check_base_checkpoint` compares that hash with
+the ``sft`` block of the config about to use the checkpoint and refuses (``CheckpointMismatch``, naming
+the changed keys) when they differ: the checkpoint would not be the one the config describes.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from drmas.io import atomic_write_json, sha256_file
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_NAME = "manifest.sha256.json"
+
+
+class CheckpointDamaged(RuntimeError):
+    """A checkpoint file does not match its manifest (the message names the file)."""
+
+
+class CheckpointMismatch(RuntimeError):
+    """A base checkpoint was built from another ``sft`` block than the config's."""
+
+
+def write_manifest(folder: str | Path, **extra: Any) -> Path:
+    """Hash every file under ``folder`` (but the manifest) into ``folder/manifest.sha256.json`` (atomic)."""
+    folder = Path(folder)
+    files = {p.relative_to(folder).as_posix(): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+             for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST_NAME}
+    atomic_write_json(folder / MANIFEST_NAME, {"files": files, **extra}, indent=1, sort_keys=True)
+    return folder / MANIFEST_NAME
+
+
+def read_manifest(folder: str | Path) -> dict[str, Any] | None:
+    """The manifest of ``folder``, or None when it has none (or an unreadable one)."""
+    try:
+        manifest = json.loads((Path(folder) / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and isinstance(manifest.get("files"), dict) else None
+
+
+def verify_checkpoint(folder: str | Path) -> dict[str, Any]:
+    """Check every file of ``folder`` against its manifest; returns the manifest. Raises
+    :class:`CheckpointDamaged` naming the first bad file, or the missing/unreadable manifest."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    if manifest is None:
+        raise CheckpointDamaged(f"{folder / MANIFEST_NAME}: missing or unreadable, so the checkpoint cannot be verified")
+    for name, want in manifest["files"].items():
+        path = folder / name
+        if not path.is_file():
+            raise CheckpointDamaged(f"{path}: missing (listed in {MANIFEST_NAME})")
+        size = path.stat().st_size
+        if size != want.get("bytes"):
+            raise CheckpointDamaged(f"{path}: {size} bytes, the manifest says {want.get('bytes')} (truncated or "
+                                    "overwritten)")
+        if sha256_file(path) != want.get("sha256"):
+            raise CheckpointDamaged(f"{path}: sha256 differs from {MANIFEST_NAME} (the file was damaged after it "
+                                    "was written)")
+    return manifest
+
+
+# ------------------------------------------------------------------------------ base checkpoints
+def build_record(preset: str, roles: list[str], sft_block: dict[str, Any]) -> dict[str, Any]:
+    """What a base checkpoint is built from; ``hash`` is the sha256 of the ``sft`` block without
+    ``tokenizer_dir`` (where the tokenizer lives, not what it is). Preset and roles are recorded for the
+    reader: configs sharing one base may teach it different role subsets."""
+    block = {k: v for k, v in sft_block.items() if k != "tokenizer_dir"}
+    digest = hashlib.sha256(json.dumps(block, sort_keys=True, default=str).encode()).hexdigest()
+    return {"preset": preset, "roles": sorted(roles), "sft": block, "hash": digest}
+
+
+def _changed(old: Any, new: Any, prefix: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [k for key in sorted(set(old) | set(new))
+                for k in _changed(old.get(key), new.get(key), f"{prefix}{key}.")]
+    return [] if old == new else [f"{prefix[:-1]} ({old!r} -> {new!r})"]
+
+
+def check_base_checkpoint(path: str | Path, expected: dict[str, Any], key: str) -> None:
+    """Verify the base checkpoint at ``path`` (files and build record) for model ``key``.
+
+    A checkpoint without a manifest (built before manifests existed) is used with a warning; one whose
+    files are damaged raises :class:`CheckpointDamaged`; one built from another ``sft`` block raises
+    :class:`CheckpointMismatch` naming the changed keys."""
+    manifest = read_manifest(path)
+    if manifest is None:
+        logger.warning("models.%s.path=%s has no %s (built before build records): its sft block cannot be checked",
+                       key, path, MANIFEST_NAME)
+        return
+    verify_checkpoint(path)
+    built = manifest.get("built_by")
+    if not built:
+        logger.warning("models.%s.path=%s records no build config: its sft block cannot be checked", key, path)
+        return
+    if built.get("hash") != expected["hash"]:
+        changes = _changed(built.get("sft"), expected["sft"], "sft.")
+        raise CheckpointMismatch(f"models.{key}.path={path} was built from another `sft` block ({'; '.join(changes)}); "
+                                 "delete that folder to rebuild it with the current `sft` block, or restore the block")

@@ -1,0 +1,152 @@
+"""The project's one JSONL reader and appender, and its one atomic file write.
+
+**JSONL rule** (every reader of a ``*.jsonl`` file in drmas, envs and analysis goes through
+:func:`read_jsonl_lines`): records are JSON objects, one per line, appended by :func:`append_jsonl` with one
+``write(2)`` and an ``fsync``, so a process killed while appending leaves at most a torn *last* line.
+
+- a last line that does not parse (or is not a JSON object) is such a torn append: it is dropped with a
+  warning and reported to the caller (``JsonlRead.torn``);
+- any other damage (a line before the last that does not parse or is not an object) is an error,
+  :class:`JsonlDamaged`, naming the file and the line: dropping it would hide a lost record (a step, an
+  evaluation, a task) and silently change whatever is computed from the file;
+- blank lines carry no record and are skipped.
+
+**Atomic write** (:func:`atomic_write_bytes` / :func:`atomic_write_text` / :func:`atomic_write_json`): the data
+goes to a uniquely named temporary file in the same folder (:func:`atomic_output`, for any writer), is
+fsynced, then renamed over the target, so a reader sees the old file or the new one, never a mixture, and
+two writers never share a temporary file.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+logger = logging.getLogger(__name__)
+
+
+class JsonlDamaged(ValueError):
+    """A JSONL file is damaged somewhere other than a torn last line (the message names file and line)."""
+
+
+@dataclass
+class JsonlRead:
+    """What :func:`read_jsonl_lines` read: the (line, record) pairs, and the torn last line it dropped."""
+
+    path: Path
+    lines: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    torn: str | None = None
+    """The dropped torn last line (None: the file ended with a complete record)."""
+    torn_line_no: int | None = None
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        return [rec for _, rec in self.lines]
+
+    def __iter__(self):
+        return iter(self.lines)
+
+
+def read_jsonl_lines(path: str | Path) -> JsonlRead:
+    """Read a JSONL file by the module's rule (torn last line dropped with a warning, other damage raises
+    :class:`JsonlDamaged` naming the file and line). A missing file raises ``FileNotFoundError``."""
+    path = Path(path)
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the file ends with a newline, as every complete append does
+    out = JsonlRead(path)
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict):
+                raise ValueError(f"a JSON {type(rec).__name__}, not an object")
+        except (ValueError, RecursionError) as exc:
+            if i == last:
+                logger.warning("%s, line %d: dropping a torn last line (%d bytes) left by a killed writer",
+                               path, i + 1, len(line))
+                out.torn, out.torn_line_no = line, i + 1
+                break
+            raise JsonlDamaged(f"{path}, line {i + 1}: not a JSON record ({str(exc)[:120]}) and not the last line, "
+                               "so not a torn append: the file is damaged. Restore it (or delete the run and run it "
+                               "again); dropping the line would silently change every number computed from the file"
+                               ) from None
+        out.lines.append((line, rec))
+    return out
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a JSONL file, by the module's rule (see :func:`read_jsonl_lines`)."""
+    return read_jsonl_lines(path).records
+
+
+def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
+    """Append one JSON line with a single ``write(2)`` on an ``O_APPEND`` descriptor and fsync it: a kill
+    leaves at most a torn last line, and concurrent appenders never interleave within a line."""
+    data = (json.dumps(record, default=float, allow_nan=True) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_jsonl(path: str | Path, records: list[dict[str, Any]] | list[str]) -> None:
+    """Write a whole JSONL file atomically (records, or already-serialized lines)."""
+    lines = [r if isinstance(r, str) else json.dumps(r, ensure_ascii=False) for r in records]
+    atomic_write_text(path, "".join(line + "\n" for line in lines))
+
+
+@contextmanager
+def atomic_output(path: str | Path) -> Iterator[Path]:
+    """Yield a unique temporary path in ``path``'s folder for the caller to write (any writer: text,
+    ``savefig``, ``torch.save``); on success it is fsynced, made world-readable (0644) and renamed over
+    ``path``; on an exception it is removed and ``path`` is untouched."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (:func:`atomic_output`)."""
+    with atomic_output(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """:func:`atomic_write_bytes` of UTF-8 text."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | Path, obj: Any, **kw: Any) -> None:
+    """:func:`atomic_write_bytes` of ``json.dumps(obj, **kw)``."""
+    atomic_write_text(path, json.dumps(obj, **kw))
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()

@@ -1,0 +1,67 @@
+"""Clean shutdown: SIGTERM or SIGINT to a drmas command ends every process it started.
+
+Python's default SIGTERM action ends only the process that gets it: the grid runner's ``drmas train``
+and ``drmas sft`` children, the SFT warm-up's spawn workers and the grader's worker subprocess would run
+on as orphans. Inside :func:`children_end_with_me`, either signal first ends every descendant (SIGTERM,
+then SIGKILL for those still alive after ``grace`` seconds; found with ``psutil``, which also sees
+grandchildren) and then raises ``SystemExit(128 + signum)``, so ``finally`` blocks and locks are released
+on the way out.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+import psutil
+
+logger = logging.getLogger(__name__)
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def end_descendants(grace: float = 5.0) -> int:
+    """SIGTERM every descendant of this process, SIGKILL the ones alive after ``grace`` s; returns how many
+    there were."""
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        try:
+            child.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(children, timeout=grace)
+    for child in alive:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace)
+    return len(children)
+
+
+@contextmanager
+def children_end_with_me(grace: float = 5.0, exit_within: float = 20.0) -> Iterator[None]:
+    """While inside: SIGTERM/SIGINT end every descendant, then raise ``SystemExit(128 + signum)`` (and end
+    the process with that code after ``exit_within`` s if the unwinding hangs). Must be entered in the main
+    thread (Python delivers signals there)."""
+
+    def handler(signum: int, _frame: object) -> None:
+        n = end_descendants(grace)
+        logger.warning("%s: stopped %d child process(es); exiting", signal.Signals(signum).name, n)
+        # a pool whose workers were killed can block the way out (a feeder thread writing to a dead pipe):
+        # past ``exit_within`` seconds the process ends without further cleanup (a lock it held is then
+        # stale and taken over by the next writer)
+        watchdog = threading.Timer(exit_within, os._exit, (128 + signum,))
+        watchdog.daemon = True  # does not itself keep the process alive
+        watchdog.start()
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
