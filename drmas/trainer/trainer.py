@@ -25,6 +25,7 @@ import torch
 from drmas.agents import make_agent
 from drmas.algos import SpikeDetector, compute_advantages
 from drmas.config import RunConfig, dump_config
+from drmas.devices import describe, resolve_device
 from drmas.orchestra import make_orchestra
 from drmas.rollout.base import SamplingParams
 from drmas.trainer.backends import WorkerDied, make_backend
@@ -69,7 +70,7 @@ class Trainer:
         self.eval_slots = {k: replace(s, sampling=replace(s.sampling, temperature=ev.temperature, top_p=ev.top_p,
                                                           top_k=ev.top_k)) for k, s in self.slots.items()}
         specs = {key: WorkerSpec(key, m, cfg.effective_optim(key), cfg.algo, seed=cfg.train.seed + i,
-                                 threads=cfg.train.threads)
+                                 threads=cfg.train.threads, device=cfg.train.device, precision=cfg.train.precision)
                  for i, (key, m) in enumerate(cfg.models.items())}
         self.backend = make_backend(cfg.train.backend, specs)
         self.sink = MetricsSink(self.run_dir)
@@ -273,7 +274,7 @@ class Trainer:
             "seeds": {"train": self.cfg.train.seed},
             "versions": {"python": platform.python_version(), "torch": torch.__version__,
                          "transformers": transformers.__version__, "numpy": np.__version__},
-            "git_commit": _git_commit(), "argv": sys.argv,
+            "git_commit": _git_commit(), "argv": sys.argv, "device": describe(resolve_device(self.cfg.train.device)),
         }
         _atomic_write(self.run_dir / "manifest.json", json.dumps(manifest, indent=2, default=str))
         _atomic_write(self.run_dir / "config.yaml", dump_config(self.cfg))
