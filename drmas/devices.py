@@ -13,6 +13,7 @@ The module imports only torch; it is the one place that turns the two strings in
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from typing import ContextManager
 
@@ -63,7 +64,17 @@ def autocast(device: torch.device, precision: str) -> ContextManager:
 def describe(device: torch.device) -> str:
     """One line naming the device (GPU model and memory for CUDA), for logs and manifests."""
     if device.type != "cuda":
-        return f"{device} ({torch.get_num_threads()} torch thread(s))"
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        return f"{device} ({cores} cores)"
     index = device.index if device.index is not None else torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)
     return f"cuda:{index} ({props.name}, {props.total_memory / 2**30:.0f} GiB)"
+
+
+if __name__ == "__main__":  # `python -m drmas.devices [auto|cpu|cuda|cuda:<i>]`: the device a run would use
+    import sys
+
+    try:
+        print(describe(resolve_device(sys.argv[1] if len(sys.argv) > 1 else "auto")))
+    except ValueError as exc:
+        sys.exit(f"drmas.devices: {exc}")

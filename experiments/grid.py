@@ -1,6 +1,7 @@
 """Experiment grids and ablation sweeps: a resumable runner of ``drmas train`` jobs.
 
-    python -m experiments.grid run experiments/grids/cpu.yaml [--seeds N] [--only PATTERN] [--jobs 2]
+    python -m experiments.grid run experiments/grids/cpu.yaml [--seeds N] [--only PATTERN] [--jobs auto|N]
+                                   [--device auto|cpu|cuda]
     python -m experiments.grid list experiments/grids/cpu.yaml
     python -m experiments.grid sweep CONFIG --set algo.estimator=drmas,trajectory_grpo --set train.group_size=4,8
                                    [--seeds N] [--name NAME] [--out results/runs/sweeps]
@@ -13,6 +14,10 @@ train`` does that), so the runner can be interrupted and restarted at any point.
 ``config.yaml`` differs from the config the grid gives now (an edited YAML) is neither skipped nor
 resumed: the runner stops and lists the changed keys (``--stale rerun`` moves such folders aside). Runs execute as
 subprocesses, ``--jobs`` at a time (one torch thread each: on 2 cores, two runs take the time of one).
+``--jobs auto`` takes the number from the hardware (:func:`auto_jobs`): one run per core on the CPU, several
+runs sharing each GPU on a GPU machine (runs are spread over the GPUs with ``CUDA_VISIBLE_DEVICES``).
+``--device`` (default ``auto``: a GPU when torch sees one) is handed to every run as ``train.device``; a run
+folder made on another device is the same run (``train.device`` is not compared, see :func:`config_changes`).
 ``index.json`` in ``out_dir`` lists every run with its tags, status and wall time; it is rewritten
 atomically after each run finishes.
 
@@ -39,6 +44,7 @@ import yaml
 
 logger = logging.getLogger("experiments.grid")
 STALE_POLICIES = ("error", "rerun", "keep")
+DEVICES = ("auto", "cpu", "cuda")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -60,8 +66,9 @@ class Run:
         """The overrides ``drmas train`` gets: the run's name, folder and seed, then the entry's own."""
         return [f"name={self.name}", f"out_dir={out_dir}", f"train.seed={self.seed}", *self.overrides]
 
-    def command(self, out_dir: Path) -> list[str]:
-        return [sys.executable, "-m", "drmas.cli", "train", self.config, *self.train_overrides(out_dir), "--no-progress"]
+    def command(self, out_dir: Path, device: str = "auto") -> list[str]:
+        return [sys.executable, "-m", "drmas.cli", "train", self.config, *self.train_overrides(out_dir),
+                *device_overrides(device), "--no-progress"]
 
 
 @dataclass
@@ -75,6 +82,58 @@ class Grid:
 
 class GridError(ValueError):
     """A malformed grid spec or sweep request (the message names the entry and the fix)."""
+
+
+RUNS_PER_GPU = 8
+"""Concurrent runs per GPU under ``--jobs auto``. Measured on one H200 with the CPU grid's math setting (issue
+15): 2 runs at once 0.76 s/step each, 8 runs 1.1-1.2 s/step each, i.e. 8 lanes give ~2.6x the throughput of 2
+(GPU generation is launch-bound at these model sizes, so runs overlap well). experiments/gpu_device_check.sh
+measures 1, 2, 4 and 8 lanes again on the machine at hand."""
+
+
+def auto_jobs(cores: int, gpus: int, runs_per_gpu: int = RUNS_PER_GPU) -> int:
+    """How many runs of a grid go at once: one per CPU core on a CPU machine (one torch thread each); with
+    ``gpus`` > 0, ``runs_per_gpu`` per GPU, but never more than the cores (every run keeps one core busy
+    with Python and kernel launches)."""
+    if cores < 1 or gpus < 0 or runs_per_gpu < 1:
+        raise GridError(f"auto_jobs: need cores >= 1, gpus >= 0, runs_per_gpu >= 1 (got {cores}, {gpus}, {runs_per_gpu})")
+    return cores if gpus == 0 else max(1, min(cores, gpus * runs_per_gpu))
+
+
+def device_overrides(device: str) -> list[str]:
+    """The ``train.device`` override a run gets from ``--device`` (none for ``auto``: the config decides)."""
+    return [] if device == "auto" else [f"train.device={device}"]
+
+
+def hardware(device: str) -> tuple[int, int, str]:
+    """(usable CPU cores, GPUs the runs will use, a line naming them) for ``--device``."""
+    import torch
+
+    from drmas.devices import resolve_device
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        resolved = resolve_device(device)
+    except ValueError as exc:
+        raise GridError(f"--device {device}: {exc}") from None
+    if resolved.type != "cuda":
+        return cores, 0, f"cpu ({cores} cores, one torch thread per run)"
+    gpus = 1 if resolved.index is not None else torch.cuda.device_count()  # (no CUDA context in this process)
+    return cores, gpus, f"{resolved} ({gpus} GPU(s) in use; {cores} CPU cores)"
+
+
+def least_busy_gpu(gpus: int, busy: list[int]) -> int:
+    """The GPU (0 .. gpus-1) running the fewest of the runs on ``busy`` GPUs (the lowest index on a tie)."""
+    return min(range(gpus), key=lambda g: (busy.count(g), g))
+
+
+def parse_jobs(text: str) -> int | str:
+    """``--jobs``: a positive number or ``auto``."""
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--jobs {text!r}: give a number >= 1 or 'auto'")
+    return int(text)
 
 
 def load_grid(path: str | Path, seeds: int | None = None) -> Grid:
@@ -160,8 +219,11 @@ def _in_repo(path: str | Path) -> Path:
 
 
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:
-    """A run's config without what names its folder (``name``, ``out_dir``, the derived DeepSpeed dir)."""
+    """A run's config without what names its folder (``name``, ``out_dir``, the derived DeepSpeed dir) and
+    without ``train.device``: a run is the same run on a CPU or a GPU (same grid, same result semantics), so
+    a run begun on one resumes on the other."""
     config = {k: v for k, v in config.items() if k not in ("name", "out_dir")}
+    config["train"] = {k: v for k, v in (config.get("train") or {}).items() if k != "device"}
     config["models"] = {key: {**m, "resources": {k: v for k, v in (m.get("resources") or {}).items()
                                                  if k != "checkpoint_dir"}}
                         for key, m in (config.get("models") or {}).items()}
@@ -236,7 +298,7 @@ def write_index(grid: Grid, timings: dict[str, float], failed: dict[str, str]) -
     return out / "index.json"
 
 
-def _start_warm_up(grid: Grid) -> list[tuple[str, Path, subprocess.Popen]]:
+def _start_warm_up(grid: Grid, device: str = "auto") -> list[tuple[str, Path, subprocess.Popen]]:
     """Start the SFT warm-up of every ``sft`` config of the grid, all at once, in the background (each
     ``drmas sft`` runs its own checkpoints in parallel processes and returns at once when they exist;
     two warm-ups of one task source serialize on a lock in drmas/trainer/warmup.py)."""
@@ -245,7 +307,7 @@ def _start_warm_up(grid: Grid) -> list[tuple[str, Path, subprocess.Popen]]:
         log = grid.out_dir / "logs" / f"sft_{Path(config).stem}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         logger.info("[grid] SFT warm-up: %s (log: %s)", config, log)
-        cmd = [sys.executable, "-m", "drmas.cli", "sft", config, "--no-progress"]
+        cmd = [sys.executable, "-m", "drmas.cli", "sft", config, *device_overrides(device), "--no-progress"]
         procs.append((config, log, subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("a"), stderr=subprocess.STDOUT)))
     return procs
 
@@ -266,21 +328,23 @@ def checkpoints_ready(run: Run) -> bool:
     return all(path.exists() for path in _start_checkpoints(run.config, tuple(run.overrides)))
 
 
-def run_grid(grid: Grid, jobs: int = 2, only: str | None = None, dry_run: bool = False,
-             stale: str = "error") -> dict[str, str]:
+def run_grid(grid: Grid, jobs: int | str = 2, only: str | None = None, dry_run: bool = False,
+             stale: str = "error", device: str = "auto") -> dict[str, str]:
     """Run every incomplete run of ``grid`` (``only``: fnmatch pattern(s) on run names, comma-separated).
     Returns run name -> error for the runs that failed; the others are complete. ``stale``: what to do
-    with run folders made with another config (:func:`set_aside_stale`).
+    with run folders made with another config (:func:`set_aside_stale`). ``jobs``: runs at a time, or
+    ``auto`` (:func:`auto_jobs`); ``device``: every run's ``train.device`` (``auto``: the configs' own).
 
     Scheduling: the warm-ups start first, each holding one of the ``jobs`` lanes while it runs; a run
     starts on a free lane as soon as its checkpoints exist (queue order otherwise), so search runs go
     while the math base is still being trained."""
-    if grid.requires_gpu and not dry_run:
-        import torch
-
-        if not torch.cuda.is_available():
-            raise GridError(f"grid {grid.name!r} needs GPUs (vLLM + OpenRLHF workers) and none is visible; run it "
-                            "on a cluster (docs/gpu.md) or pass --dry-run to list its commands")
+    cores, gpus, where = hardware(device)
+    if grid.requires_gpu and not dry_run and not gpus:
+        raise GridError(f"grid {grid.name!r} needs GPUs and none is in use ({where}); run it on a GPU machine "
+                        "(docs/gpu.md) or pass --dry-run to list its commands")
+    if jobs == "auto":
+        jobs = auto_jobs(cores, gpus)
+    logger.info("[grid] device: %s; %d run(s) at a time", where, jobs)
     patterns = [p for p in (only or "").split(",") if p]
     selected = [r for r in grid.runs if not patterns or any(fnmatch.fnmatch(r.name, p) for p in patterns)]
     if not dry_run:
@@ -291,15 +355,16 @@ def run_grid(grid: Grid, jobs: int = 2, only: str | None = None, dry_run: bool =
             logger.info("[grid] %s complete: skipped", r.name)
     if dry_run:
         for r in todo:
-            print(" ".join(r.command(grid.out_dir)))
+            print(" ".join(r.command(grid.out_dir, device)))
         return {}
     if not todo:
         write_index(grid, {}, {})
         return {}
-    warming = _start_warm_up(grid)
+    warming = _start_warm_up(grid, device)
     timings: dict[str, float] = {}
     failed: dict[str, str] = {}
     running: list[tuple[Run, subprocess.Popen, float, Path]] = []
+    gpu_of: dict[str, int] = {}  # run name -> GPU index (machines with several GPUs)
     queue = list(todo)
     t_start = time.perf_counter()
     env = {**os.environ, "PYTHONHASHSEED": "0"}
@@ -322,7 +387,11 @@ def run_grid(grid: Grid, jobs: int = 2, only: str | None = None, dry_run: bool =
             queue.remove(ready)
             log = grid.out_dir / "logs" / f"{ready.name}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
-            proc = subprocess.Popen(ready.command(grid.out_dir), cwd=ROOT, env=env, stdout=log.open("a"),
+            lane_env = env
+            if gpus > 1:  # several GPUs: the run sees only the least busy one, as its "cuda"
+                gpu_of[ready.name] = least_busy_gpu(gpus, [gpu_of[r.name] for r, *_ in running])
+                lane_env = {**env, "CUDA_VISIBLE_DEVICES": str(gpu_of[ready.name])}
+            proc = subprocess.Popen(ready.command(grid.out_dir, device), cwd=ROOT, env=lane_env, stdout=log.open("a"),
                                     stderr=subprocess.STDOUT)
             running.append((ready, proc, time.perf_counter(), log))
             logger.info("[grid] start %s (%d/%d; log %s)", ready.name, len(todo) - len(queue), len(todo), log)
@@ -358,7 +427,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("spec")
         p.add_argument("--seeds", type=int, default=None, help="seeds per entry (default: the spec's)")
         p.add_argument("--only", default=None, help="fnmatch pattern(s) on run names, comma-separated")
-        p.add_argument("--jobs", type=int, default=2, help="runs at a time")
+        p.add_argument("--jobs", type=parse_jobs, default=2,
+                       help="runs at a time, or 'auto': one per CPU core, or several per GPU (auto_jobs)")
+        p.add_argument("--device", default="auto", choices=DEVICES,
+                       help="every run's train.device (auto: the configs' own, i.e. a GPU when torch sees one)")
         p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
         p.add_argument("--stale", choices=STALE_POLICIES, default="error",
                        help="run folders made with another config: stop and list them (error), move them aside "
@@ -369,7 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=1)
     p.add_argument("--name", default=None, help="sweep name (default: from the config and keys)")
     p.add_argument("--out", default="results/runs/sweeps")
-    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--jobs", type=parse_jobs, default=2)
+    p.add_argument("--device", default="auto", choices=DEVICES)
     p.add_argument("--only", default=None)
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--stale", choices=STALE_POLICIES, default="error")
@@ -388,7 +461,8 @@ def main(argv: list[str] | None = None) -> int:
                     status = "stale"
                 print(f"{status:8s} {r.name:40s} {r.config} {' '.join(r.overrides)}")
             return 0
-        failed = run_grid(grid, jobs=args.jobs, only=args.only, dry_run=args.dry_run, stale=args.stale)
+        failed = run_grid(grid, jobs=args.jobs, only=args.only, dry_run=args.dry_run, stale=args.stale,
+                          device=args.device)
     except GridError as exc:
         print(f"experiments.grid: {exc}", file=sys.stderr)
         return 2

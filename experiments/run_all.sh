@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # The main job: regenerate the suite's results on this machine (default: CPU scale, the embedded default).
-#   bash experiments/run_all.sh [--scale cpu|paper] [--only STAGE[,STAGE...]] [--seeds N] [--runs PATTERN] [--jobs N]
-#                               [--stale error|rerun|keep]
+#   bash experiments/run_all.sh [--scale cpu|gpu|paper] [--only STAGE[,STAGE...]] [--seeds N] [--runs PATTERN]
+#                               [--jobs auto|N] [--device auto|cpu|cuda] [--stale error|rerun|keep]
 # Stages: bench, theory, train (the grid experiments/grids/<scale>.yaml), analysis. Sets up the environment
 # itself (idempotent). Resumable: complete runs are skipped, interrupted runs resume from their checkpoint.
 #   --seeds N      seeds per grid entry (default: the grid's own; the CPU grid uses 2 for the main settings)
 #   --runs PATTERN only runs whose names match (fnmatch, comma-separated), e.g. 'math_*'
-#   --jobs N       runs at a time (default 2: one per core, one torch thread each)
+#   --jobs N       runs at a time (default auto: one per CPU core, one torch thread each; on a GPU machine
+#                  several runs share each GPU, experiments/grid.py auto_jobs)
+#   --device D     where the runs train (default auto: a GPU when torch sees one, else the CPU; same grid and
+#                  result semantics either way); the device is printed before the grid starts
+#   --scale gpu    the one-GPU grid (experiments/grids/gpu.yaml: 12.8M models, paper batch, 4 seeds, ~40 min)
 #   --stale MODE   run folders made with another config than the YAML gives now: stop and list them (error,
 #                  default), move them aside to <run>.stale-<k> and run again (rerun), or use them (keep)
 set -euo pipefail
@@ -15,7 +19,8 @@ SCALE=cpu
 ONLY=""
 SEEDS=""
 RUNS=""
-JOBS=2
+JOBS=auto
+DEVICE=auto
 STALE=error
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -24,12 +29,14 @@ while [ $# -gt 0 ]; do
     --seeds) SEEDS="$2"; shift 2 ;;
     --runs) RUNS="$2"; shift 2 ;;
     --jobs) JOBS="$2"; shift 2 ;;
+    --device) DEVICE="$2"; shift 2 ;;
     --stale) STALE="$2"; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "run_all.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-case "$SCALE" in cpu|paper) ;; *) echo "run_all.sh: --scale must be cpu or paper, got '$SCALE'" >&2; exit 2 ;; esac
+case "$SCALE" in cpu|gpu|paper) ;; *) echo "run_all.sh: --scale must be cpu, gpu or paper, got '$SCALE'" >&2; exit 2 ;; esac
+case "$DEVICE" in auto|cpu|cuda) ;; *) echo "run_all.sh: --device must be auto, cpu or cuda, got '$DEVICE'" >&2; exit 2 ;; esac
 bash "$ROOT/scripts/setup_env.sh"
 PY="$ROOT/.venv/bin/python"
 cd "$ROOT"
@@ -57,7 +64,9 @@ fi
 GRID="experiments/grids/$SCALE.yaml"
 if want train; then
   stage "train: the $SCALE grid ($GRID): SFT warm-up of the base checkpoints, then every run not yet complete"
-  "$PY" -m experiments.grid run "$GRID" --jobs "$JOBS" --stale "$STALE" ${SEEDS:+--seeds "$SEEDS"} ${RUNS:+--only "$RUNS"}
+  echo "[run_all] device: $("$PY" -m drmas.devices "$DEVICE") (--device $DEVICE)"
+  "$PY" -m experiments.grid run "$GRID" --jobs "$JOBS" --device "$DEVICE" --stale "$STALE" ${SEEDS:+--seeds "$SEEDS"} \
+    ${RUNS:+--only "$RUNS"}
 fi
 if want analysis; then
   stage "analysis: tables, figures, statistics and results/REPORT.md from $(grep '^out_dir:' "$GRID" | cut -d' ' -f2)"

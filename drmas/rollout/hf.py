@@ -22,7 +22,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from drmas.devices import autocast, check_precision
 from drmas.models.logprobs import pad_rows
-from drmas.rollout.base import Generation, RolloutEngine, SamplingParams, register_engine, stop_positions
+from drmas.rollout.base import (Generation, RolloutEngine, SamplingParams, register_engine, render_prompts,
+                                stop_positions)
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ class HFRolloutEngine(RolloutEngine):
         max_batch_size: int = 256,
         max_prompt_tokens: int | None = None,
         precision: str = "fp32",
+        chat_template: bool = False,
+        chat_template_kwargs: dict | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size} must be >= 1")
@@ -55,6 +58,7 @@ class HFRolloutEngine(RolloutEngine):
         self.max_batch_size = max_batch_size
         self.max_prompt_tokens = max_prompt_tokens
         self.precision = check_precision(precision)
+        self.chat_template, self.chat_template_kwargs = chat_template, dict(chat_template_kwargs or {})
         self.num_truncated_prompts = 0  # prompts left-truncated so far (all calls)
         eos = {tokenizer.eos_token_id, *_as_list(model.generation_config.eos_token_id)} - {None}
         if not eos:
@@ -87,7 +91,8 @@ class HFRolloutEngine(RolloutEngine):
         return Generation(prompt_ids=prompt_ids, response_ids=response_ids, texts=texts, truncated=truncated)
 
     def _tokenize(self, prompts: list[str]) -> list[list[int]]:
-        prompt_ids = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"] if prompts else []
+        texts = render_prompts(self.tokenizer, prompts, self.chat_template, self.chat_template_kwargs)
+        prompt_ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if prompts else []
         if any(len(ids) == 0 for ids in prompt_ids):
             raise ValueError("an empty prompt was passed; every prompt needs at least one token")
         limit = self.max_prompt_tokens

@@ -90,7 +90,10 @@ class PolicyWorker:
         o = spec.optim
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(o.warmup_steps))
-        self.engine = make_engine("hf", model=self.model, tokenizer=self.tokenizer, precision=spec.precision)
+        r = spec.model.rollout  # prompt handling of real checkpoints (the tiny CPU models use the defaults)
+        self.engine = make_engine("hf", model=self.model, tokenizer=self.tokenizer, precision=spec.precision,
+                                  max_prompt_tokens=r.max_prompt_tokens, chat_template=r.chat_template,
+                                  chat_template_kwargs=r.chat_template_kwargs)
         self.loss_cfg = PolicyLossConfig(clip_low=spec.algo.clip_low, clip_high=spec.algo.clip_high,
                                          aggregation=spec.algo.aggregation, kl_coef=spec.algo.kl_coef,
                                          entropy_coef=spec.algo.entropy_coef)
