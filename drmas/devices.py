@@ -8,7 +8,8 @@
   gradients and optimizer states stay float32; forward passes run under ``torch.autocast`` in bfloat16,
   and log-probs / entropies are still reduced in float32 from the bf16 logits).
 
-The module imports only torch; it is the one place that turns the two strings into torch objects.
+The module imports torch and drmas.config only; it is the one place that turns the two strings into torch
+objects.
 """
 from __future__ import annotations
 

@@ -138,7 +138,7 @@ def report(work: Path, cpu_minutes: float | None) -> dict[str, Any]:
     auto_lanes = auto_jobs(cores, gpus)
     for key in [k for k in out if k.endswith("settings")]:
         block, grid_spec = out[key], out[key]["meta"]["grid"]
-        per_entry = {name: t["s_per_step"] for name, t in block["runs"].items()}  # one run per entry
+        per_entry = {re.sub(r"_s\d+$", "", name): t["s_per_step"] for name, t in block["runs"].items()}
         estimate = full_grid_minutes(grid_spec, per_entry, auto_lanes)  # the lanes the settings ran with
         full_sft = _full_sft_minutes(grid_spec, block["sft"])
         estimate.update(sft_minutes=full_sft, total_minutes=estimate["rl_minutes"] + full_sft)

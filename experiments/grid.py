@@ -1,7 +1,7 @@
 """Experiment grids and ablation sweeps: a resumable runner of ``drmas train`` jobs.
 
     python -m experiments.grid run experiments/grids/cpu.yaml [--seeds N] [--only PATTERN] [--jobs auto|N]
-                                   [--device auto|cpu|cuda]
+                                   [--device auto|cpu|cuda] [--ray ADDRESS]
     python -m experiments.grid list experiments/grids/cpu.yaml
     python -m experiments.grid sweep CONFIG --set algo.estimator=drmas,trajectory_grpo --set train.group_size=4,8
                                    [--seeds N] [--name NAME] [--out results/runs/sweeps]
@@ -18,6 +18,8 @@ subprocesses, ``--jobs`` at a time (one torch thread each: on 2 cores, two runs 
 runs sharing each GPU on a GPU machine (runs are spread over the GPUs with ``CUDA_VISIBLE_DEVICES``).
 ``--device`` (default ``auto``: a GPU when torch sees one) is handed to every run as ``train.device``; a run
 folder made on another device is the same run (``train.device`` is not compared, see :func:`config_changes`).
+``--ray ADDRESS`` runs every command as a Ray task on that cluster instead (:class:`RayLauncher`): same queue,
+index and run folders; Ray places each run by its CPU/GPU needs.
 ``index.json`` in ``out_dir`` lists every run with its tags, status and wall time; it is rewritten
 atomically after each run finishes.
 
@@ -298,7 +300,76 @@ def write_index(grid: Grid, timings: dict[str, float], failed: dict[str, str]) -
     return out / "index.json"
 
 
-def _start_warm_up(grid: Grid, device: str = "auto") -> list[tuple[str, Path, subprocess.Popen]]:
+class LocalLauncher:
+    """Runs the grid's commands as subprocesses of this machine (the default)."""
+
+    @staticmethod
+    def hardware(device: str) -> tuple[int, int, str]:
+        return hardware(device)
+
+    @staticmethod
+    def start(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+        """``cmd`` in the repository root, its output appended to ``log``, ``env`` added to this environment."""
+        return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=log.open("a"), stderr=subprocess.STDOUT)
+
+
+def _run_logged(cmd: list[str], cwd: str, log: str, env: dict[str, str]) -> int:
+    """Body of a grid run's Ray task: the command on the node Ray chose, output appended to ``log``."""
+    with open(log, "a") as fh:
+        return subprocess.run(cmd, cwd=cwd, env={**os.environ, **env}, stdout=fh, stderr=subprocess.STDOUT).returncode
+
+
+class RayTask:
+    """A grid command running as a Ray task, with the two calls of ``subprocess.Popen`` the runner uses."""
+
+    def __init__(self, ref: Any):
+        self.ref, self.returncode = ref, None
+
+    def poll(self) -> int | None:
+        import ray
+
+        if self.returncode is None and ray.wait([self.ref], timeout=0)[0]:
+            try:
+                self.returncode = int(ray.get(self.ref))
+            except ray.exceptions.RayError as exc:  # the task's worker or node died
+                logger.error("[grid] ray task failed: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                self.returncode = -1
+        return self.returncode
+
+    def wait(self) -> int:
+        while self.poll() is None:
+            time.sleep(0.5)
+        return int(self.returncode)
+
+
+class RayLauncher:
+    """Runs the grid's commands as tasks on a Ray cluster (``ray start --head`` on one node, ``ray start
+    --address=...`` on the others; ``local`` starts a head in this process): each ``drmas train`` / ``drmas sft``
+    is a task needing 1 CPU and, when the runs train on GPUs, 1 / ``RUNS_PER_GPU`` of a GPU (Ray sets its
+    ``CUDA_VISIBLE_DEVICES``). Ray places the tasks; the runner keeps its queue, index and run folders, which
+    must be on a filesystem every node sees (same repository path and Python on every node)."""
+
+    def __init__(self, address: str, device: str):
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=None if address == "local" else address, include_dashboard=False, log_to_driver=False,
+                     configure_logging=False)
+        resources = ray.cluster_resources()
+        self.cpus, self.gpus = int(resources.get("CPU", 1)), int(resources.get("GPU", 0))
+        self.gpu_share = 1.0 / RUNS_PER_GPU if self.gpus and device != "cpu" else 0.0
+        self._remote = ray.remote(_run_logged).options(num_cpus=1, num_gpus=self.gpu_share, max_retries=0)
+        logger.info("[grid] ray cluster %s: %d CPUs, %d GPUs", address, self.cpus, self.gpus)
+
+    def hardware(self, device: str) -> tuple[int, int, str]:
+        gpus = self.gpus if device != "cpu" else 0
+        return self.cpus, gpus, f"ray cluster: {self.cpus} CPUs, {gpus} GPU(s) used (1/{RUNS_PER_GPU} GPU per run)"
+
+    def start(self, cmd: list[str], log: Path, env: dict[str, str]) -> RayTask:
+        return RayTask(self._remote.remote(cmd, str(ROOT), str(log.resolve()), env))
+
+
+def _start_warm_up(grid: Grid, device: str, launcher: "LocalLauncher | RayLauncher") -> list[tuple[str, Path, Any]]:
     """Start the SFT warm-up of every ``sft`` config of the grid, all at once, in the background (each
     ``drmas sft`` runs its own checkpoints in parallel processes and returns at once when they exist;
     two warm-ups of one task source serialize on a lock in drmas/trainer/warmup.py)."""
@@ -308,7 +379,7 @@ def _start_warm_up(grid: Grid, device: str = "auto") -> list[tuple[str, Path, su
         log.parent.mkdir(parents=True, exist_ok=True)
         logger.info("[grid] SFT warm-up: %s (log: %s)", config, log)
         cmd = [sys.executable, "-m", "drmas.cli", "sft", config, *device_overrides(device), "--no-progress"]
-        procs.append((config, log, subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("a"), stderr=subprocess.STDOUT)))
+        procs.append((config, log, launcher.start(cmd, log, {})))
     return procs
 
 
@@ -329,16 +400,19 @@ def checkpoints_ready(run: Run) -> bool:
 
 
 def run_grid(grid: Grid, jobs: int | str = 2, only: str | None = None, dry_run: bool = False,
-             stale: str = "error", device: str = "auto") -> dict[str, str]:
+             stale: str = "error", device: str = "auto", ray_address: str | None = None) -> dict[str, str]:
     """Run every incomplete run of ``grid`` (``only``: fnmatch pattern(s) on run names, comma-separated).
     Returns run name -> error for the runs that failed; the others are complete. ``stale``: what to do
     with run folders made with another config (:func:`set_aside_stale`). ``jobs``: runs at a time, or
-    ``auto`` (:func:`auto_jobs`); ``device``: every run's ``train.device`` (``auto``: the configs' own).
+    ``auto`` (:func:`auto_jobs`); ``device``: every run's ``train.device`` (``auto``: the configs' own);
+    ``ray_address``: run every command as a task on that Ray cluster (:class:`RayLauncher`; ``local`` starts
+    a local head) instead of as a subprocess of this machine.
 
     Scheduling: the warm-ups start first, each holding one of the ``jobs`` lanes while it runs; a run
     starts on a free lane as soon as its checkpoints exist (queue order otherwise), so search runs go
     while the math base is still being trained."""
-    cores, gpus, where = hardware(device)
+    launcher = RayLauncher(ray_address, device) if ray_address and not dry_run else LocalLauncher()
+    cores, gpus, where = launcher.hardware(device)
     if grid.requires_gpu and not dry_run and not gpus:
         raise GridError(f"grid {grid.name!r} needs GPUs and none is in use ({where}); run it on a GPU machine "
                         "(docs/gpu.md) or pass --dry-run to list its commands")
@@ -360,14 +434,13 @@ def run_grid(grid: Grid, jobs: int | str = 2, only: str | None = None, dry_run: 
     if not todo:
         write_index(grid, {}, {})
         return {}
-    warming = _start_warm_up(grid, device)
+    warming = _start_warm_up(grid, device, launcher)
     timings: dict[str, float] = {}
     failed: dict[str, str] = {}
-    running: list[tuple[Run, subprocess.Popen, float, Path]] = []
+    running: list[tuple[Run, Any, float, Path]] = []
     gpu_of: dict[str, int] = {}  # run name -> GPU index (machines with several GPUs)
     queue = list(todo)
     t_start = time.perf_counter()
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
     while queue or running:
         for item in list(warming):
             config, log, proc = item
@@ -387,12 +460,11 @@ def run_grid(grid: Grid, jobs: int | str = 2, only: str | None = None, dry_run: 
             queue.remove(ready)
             log = grid.out_dir / "logs" / f"{ready.name}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
-            lane_env = env
-            if gpus > 1:  # several GPUs: the run sees only the least busy one, as its "cuda"
+            lane_env = {"PYTHONHASHSEED": "0"}
+            if gpus > 1 and isinstance(launcher, LocalLauncher):  # the run sees only the least busy GPU, as "cuda"
                 gpu_of[ready.name] = least_busy_gpu(gpus, [gpu_of[r.name] for r, *_ in running])
-                lane_env = {**env, "CUDA_VISIBLE_DEVICES": str(gpu_of[ready.name])}
-            proc = subprocess.Popen(ready.command(grid.out_dir, device), cwd=ROOT, env=lane_env, stdout=log.open("a"),
-                                    stderr=subprocess.STDOUT)
+                lane_env["CUDA_VISIBLE_DEVICES"] = str(gpu_of[ready.name])
+            proc = launcher.start(ready.command(grid.out_dir, device), log, lane_env)
             running.append((ready, proc, time.perf_counter(), log))
             logger.info("[grid] start %s (%d/%d; log %s)", ready.name, len(todo) - len(queue), len(todo), log)
         time.sleep(1.0)
@@ -431,6 +503,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="runs at a time, or 'auto': one per CPU core, or several per GPU (auto_jobs)")
         p.add_argument("--device", default="auto", choices=DEVICES,
                        help="every run's train.device (auto: the configs' own, i.e. a GPU when torch sees one)")
+        p.add_argument("--ray", dest="ray_address", default=None, metavar="ADDRESS",
+                       help="run every command as a task on this Ray cluster (e.g. auto, 10.0.0.1:6379, or local)")
         p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
         p.add_argument("--stale", choices=STALE_POLICIES, default="error",
                        help="run folders made with another config: stop and list them (error), move them aside "
@@ -443,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="results/runs/sweeps")
     p.add_argument("--jobs", type=parse_jobs, default=2)
     p.add_argument("--device", default="auto", choices=DEVICES)
+    p.add_argument("--ray", dest="ray_address", default=None, metavar="ADDRESS")
     p.add_argument("--only", default=None)
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--stale", choices=STALE_POLICIES, default="error")
@@ -462,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{status:8s} {r.name:40s} {r.config} {' '.join(r.overrides)}")
             return 0
         failed = run_grid(grid, jobs=args.jobs, only=args.only, dry_run=args.dry_run, stale=args.stale,
-                          device=args.device)
+                          device=args.device, ray_address=args.ray_address)
     except GridError as exc:
         print(f"experiments.grid: {exc}", file=sys.stderr)
         return 2

@@ -79,3 +79,42 @@ def test_prepare_copies_the_grid_settings(tmp_path):
     assert json.loads((tmp_path / "lanes4" / "prepared.json").read_text())["copies"] == 4
     with pytest.raises(ValueError, match="no entry matches"):
         prepare("experiments/grids/cpu.yaml", tmp_path, "none", steps=3, sft_steps=20, only="nothing")
+
+
+def test_report_estimates_the_full_grid_from_the_measured_steps(tmp_path):
+    """Fake measurements: every CPU-grid entry at 2 s/step (steps 1.. after a slow step 0), SFT 10 s for
+    100 steps; 1 and 2 concurrent runs. The estimate is sum(steps x 2 s) / lanes, plus the SFT scaled to the
+    grid's step counts."""
+    from drmas.config import load_config
+    from experiments.device_check import report
+    from experiments.grid import auto_jobs, hardware
+
+    cpu = load_grid(ROOT / "experiments/grids/cpu.yaml")
+    settings = tmp_path / "cpu-settings"
+    (settings / "runs" / "logs").mkdir(parents=True)
+    (settings / "prepared.json").write_text(json.dumps({"grid": "experiments/grids/cpu.yaml", "steps": 3,
+                                                         "sft_steps": 100, "copies": 1, "only": None}))
+    for entry in {r.tags["entry"] for r in cpu.runs}:
+        (settings / "runs" / f"{entry}_s0").mkdir()
+        (settings / "runs" / f"{entry}_s0" / "metrics.jsonl").write_text(
+            "\n".join(json.dumps(_rec(i, **{"timing/step": 9.0 if i == 0 else 2.0})) for i in range(3)))
+    (settings / "runs" / "logs" / "sft_math_base.log").write_text(
+        'x\n{"sft": {"solver_model+verifier_model": {"seconds": 10.0, "steps": 100}}}\n')
+    for n, s_per_step in ((1, 1.0), (2, 1.2)):
+        folder = tmp_path / f"lanes{n}"
+        (folder / "runs").mkdir(parents=True)
+        (folder / "prepared.json").write_text(json.dumps({"grid": "experiments/grids/cpu.yaml", "steps": 3,
+                                                           "sft_steps": 100, "copies": n, "only": "x"}))
+        for c in range(n):
+            (folder / "runs" / f"x_c{c}_s0").mkdir()
+            (folder / "runs" / f"x_c{c}_s0" / "metrics.jsonl").write_text(
+                "\n".join(json.dumps(_rec(i, **{"timing/step": s_per_step})) for i in range(3)))
+    rep = report(tmp_path, cpu_minutes=60.0)
+    assert rep["concurrency"]["best_lanes"] == 2  # 1/1.0 -> 2/1.2 = 1.67 steps/s
+    lanes = auto_jobs(*hardware("auto")[:2])
+    steps = sum(load_config(ROOT / r.config, r.overrides).train.steps for r in cpu.runs)
+    est = rep["cpu-settings"]["estimate"]
+    assert est["rl_minutes"] == pytest.approx(steps * 2.0 / lanes / 60) and est["unmeasured_runs"] == []
+    full_sft = load_config(ROOT / "experiments/configs/cpu/math_base.yaml").sft.steps
+    assert est["sft_minutes"] == pytest.approx(10.0 * full_sft / 100 / 60)
+    assert est["speedup_vs_2_cores"] == pytest.approx(60.0 / (est["rl_minutes"] + est["sft_minutes"]))

@@ -211,3 +211,30 @@ def test_mini_grid_survives_sigkill_and_restart(tmp_path):
     report = (tmp_path / "out" / "REPORT.md").read_text()
     assert "nonsharing" in report and "search" in report  # the math claims measured, the search ones "not run"
     assert (tmp_path / "out" / "tables").is_dir() and any((tmp_path / "figs").glob("*.png"))
+
+
+@pytest.mark.slow
+def test_grid_on_a_local_ray_head_runs_two_runs_at_once(tmp_path):
+    """``--ray ADDRESS``: the same runs, index and run folders, each run a Ray task (1 CPU) on a local head with
+    2 CPUs: both runs go at once (their training intervals overlap), both complete, and a second invocation
+    skips them."""
+    ray = pytest.importorskip("ray")
+    spec = _mini_grid(tmp_path)
+    runs = tmp_path / "runs"
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        assert run_grid(load_grid(spec), jobs="auto", ray_address="local") == {}
+        index = json.loads((runs / "index.json").read_text())
+        assert [(r["run"], r["status"]) for r in index["runs"]] == [
+            ("math_nonsharing_grpo_s0", "done"), ("math_nonsharing_drmas_s0", "done")]
+        for r in index["runs"]:
+            steps = [json.loads(line)["step"] for line in (runs / r["run"] / "metrics.jsonl").read_text().splitlines()]
+            assert steps == [0, 1, 2, 3, 4, 5]
+        # each run trains from its manifest (written at the start) to its DONE: the two intervals overlap
+        (a0, a1), (b0, b1) = [((runs / r["run"] / "manifest.json").stat().st_mtime, (runs / r["run"] / "DONE").stat().st_mtime)
+                              for r in index["runs"]]
+        assert a0 < b1 and b0 < a1, "the two runs did not run at once"
+        assert run_grid(load_grid(spec), jobs="auto", ray_address="local") == {}  # complete: skipped
+    finally:
+        ray.shutdown()
+

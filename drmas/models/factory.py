@@ -16,8 +16,9 @@ preset    hidden layers heads kv heads ffn    parameters
 ``medium`` 512   12     8     4        1536   38.0 M      (GPU runs)
 ========= ====== ====== ===== ======== ====== ==========
 
-``base`` and ``medium`` are the GPU presets (10-50 M parameters): on 2 CPU cores an RL step of ``base`` costs
-~10x one of ``tiny``, on one GPU generation is launch-bound at these sizes and costs about the same.
+``base`` and ``medium`` are the GPU presets (10-50 M parameters, 12x and 36x ``tiny``): on one GPU, HF
+generation of models this small is bound by kernel launches, not arithmetic (issue 15 measured it for
+``tiny``), so they should cost little more per step than ``tiny`` there (not yet measured on a GPU).
 """
 from __future__ import annotations
 
