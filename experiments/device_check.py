@@ -45,7 +45,7 @@ def derived_config(config: str, work: Path, steps: int, sft_steps: int) -> dict[
     return {"base": str((ROOT / config).resolve()),
             "models": {key: {"path": str(work / "sft" / task / Path(m.path).name)} for key, m in cfg.models.items()
                        if m.preset is not None and m.path is not None},
-            "train": {"steps": steps, "eval_every": 0, "save_every": 0, "eval_tasks": 16, "eval_samples": 1},
+            "train": {"steps": steps, "eval_every": 0, "save_every": 0, "eval_tasks": 4, "eval_samples": 1},
             "sft": {"steps": sft_steps, "tokenizer_dir": str(work / "sft" / task / "tokenizer")}}
 
 
@@ -117,7 +117,8 @@ def full_grid_minutes(grid_spec: str, s_per_step: dict[str, float], lanes: int) 
             missing.append(run.name)
             continue
         total += load_config(ROOT / run.config, run.overrides).train.steps * value
-    return {"rl_minutes": total / max(lanes, 1) / 60, "lanes": lanes, "unmeasured_runs": missing}
+    return {"rl_minutes": total / max(lanes, 1) / 60, "lanes": lanes, "unmeasured_runs": len(missing),
+            "unmeasured_examples": missing[:3]}
 
 
 def report(work: Path, cpu_minutes: float | None) -> dict[str, Any]:

@@ -112,22 +112,6 @@ def best_lanes(table: list[dict[str, float]], gain: float = 1.1) -> int:
     return int(best)
 
 
-def grid_estimate(grid_runs: list[dict[str, Any]], s_per_step: dict[str, float], lanes: int,
-                  lane_speedup: float) -> dict[str, float]:
-    """Minutes of RL of a grid on one device: sum over runs of steps x s/step of the run's setting (measured with
-    ``lanes`` runs at once), divided by ``lanes`` (runs overlap). ``lane_speedup`` is not used for the division:
-    the s/step values already include the slow-down of sharing. Runs whose setting was not measured are listed."""
-    total, missing = 0.0, []
-    for run in grid_runs:
-        value = s_per_step.get(run["setting"])
-        if value is None or not math.isfinite(value):
-            missing.append(run["name"])
-            continue
-        total += run["steps"] * value
-    return {"rl_minutes": total / max(lanes, 1) / 60, "runs": len(grid_runs), "unmeasured_runs": missing,
-            "lanes": lanes, "lane_speedup": lane_speedup}
-
-
 def _fmt(rows: list[dict[str, float]]) -> str:
     if not rows:
         return "(no rows)"

@@ -2,11 +2,11 @@
 # The one script to run on a GPU machine (<= 9 min in all, a hard time limit per part; plain python3, no
 # install: the wheels of `.whl/` go to /tmp/site as in gpu_local_smoke.sh). Everything lands under $OUT
 # (default results/device_check): summary.txt, report.json, smoke_summary.{txt,json}, logs.tar.gz.
-#   1. experiments/gpu_local_smoke.sh: SFT, two RL runs at once, kill + resume, per-phase timings (<= 270 s);
+#   1. experiments/gpu_local_smoke.sh: SFT, two RL runs at once, kill + resume, per-phase timings (<= 240 s);
 #   2. the CPU default grid's math and search settings on the GPU (experiments/grids/cpu.yaml, one run per
 #      entry, short SFT, a few RL steps each, `--jobs auto`): s/step per setting, tokens/s; then 1, 2, 4, 8
 #      concurrent copies of the math non-sharing run: how many concurrent runs pay off; from both, the time of
-#      the whole default grid on this GPU against its measured 59.5 min on 2 CPU cores (<= 240 s);
+#      the whole default grid on this GPU against its measured 59.5 min on 2 CPU cores (<= 270 s);
 #   3. if time is left (9 min in all): the first steps of the gpu grid (experiments/grids/gpu.yaml), one run
 #      per entry, and the estimate of its full time.
 #
@@ -39,7 +39,7 @@ if [ "$SCALE" = tiny ]; then             # the CPU check of this script: nano mo
   TINY=(--set train.batch_tasks=2 --set train.group_size=2 --set train.eval_tasks=2)
   SETTINGS=(--only "math_nonsharing_drmas,search_sharing_drmas")
 else
-  SMOKE=(--scale gpu --steps 6) STEPS=4 SFT=300 LANES="1 2 4 8" PART1=270 PART2=240
+  SMOKE=(--scale gpu --steps 6) STEPS=3 SFT=300 LANES="1 2 4 8" PART1=240 PART2=270
   TINY=() SETTINGS=()
 fi
 WORK="$OUT/work"
@@ -71,7 +71,7 @@ grid_run() {  # NAME JOBS LIMIT PREPARE-ARGS...
 P2_END=$(( $(date +%s) + PART2 ))
 remaining() { echo $(( P2_END - $(date +%s) )); }
 say "== part 2: the CPU grid's settings on this device (limit ${PART2}s)"
-grid_run cpu-settings auto $(( PART2 * 55 / 100 )) experiments/grids/cpu.yaml "${SETTINGS[@]}"
+grid_run cpu-settings auto $(( PART2 * 60 / 100 )) experiments/grids/cpu.yaml "${SETTINGS[@]}"
 for n in $LANES; do
   r=$(remaining); [ "$r" -gt 20 ] || { say "   no time left for $n concurrent runs"; break; }
   grid_run "lanes$n" "$n" "$r" experiments/grids/cpu.yaml --only math_nonsharing_drmas --copies "$n"

@@ -102,7 +102,7 @@ train B run_b; PID_B=$LAST_PID
 CKPT="$OUT/runs/B/checkpoints/latest/trainer.json"
 while kill -0 "$PID_B" 2>/dev/null; do
   if [ -f "$CKPT" ] && "$PY" -c "import json,sys; sys.exit(json.load(open('$CKPT'))['step'] < 2)" 2>/dev/null; then
-    pkill -KILL -P "$PID_B" || true  # the python process under run B's `timeout` (SIGKILL: no clean-up)
+    kill -KILL -- "-$PID_B" || true  # run B's process group (its `timeout` leads it): SIGKILL, no clean-up
     say "   killed run B after its step-2 checkpoint ($(wc -l < "$OUT/runs/B/metrics.jsonl") step records written)"
     break
   fi

@@ -114,7 +114,7 @@ def test_report_estimates_the_full_grid_from_the_measured_steps(tmp_path):
     lanes = auto_jobs(*hardware("auto")[:2])
     steps = sum(load_config(ROOT / r.config, r.overrides).train.steps for r in cpu.runs)
     est = rep["cpu-settings"]["estimate"]
-    assert est["rl_minutes"] == pytest.approx(steps * 2.0 / lanes / 60) and est["unmeasured_runs"] == []
+    assert est["rl_minutes"] == pytest.approx(steps * 2.0 / lanes / 60) and est["unmeasured_runs"] == 0
     full_sft = load_config(ROOT / "experiments/configs/cpu/math_base.yaml").sft.steps
     assert est["sft_minutes"] == pytest.approx(10.0 * full_sft / 100 / 60)
     assert est["speedup_vs_2_cores"] == pytest.approx(60.0 / (est["rl_minutes"] + est["sft_minutes"]))
