@@ -82,7 +82,9 @@ CONFIG=experiments/configs/gpu/math_base.yaml
 COMMON=(train.device="$DEVICE" train.steps="$STEPS" train.save_every=2 train.eval_every=0 out_dir="$OUT/runs"
         models.solver_model.path="$OUT/sft/base" models.verifier_model.path="$OUT/sft/base"
         sft.tokenizer_dir="$OUT/sft/tokenizer" train.threads=1)
+SFT_LIMIT=150 RUN_LIMIT=180   # seconds per process (one GPU); the tiny CPU check gets more (shared, loaded cores)
 if [ "$SCALE" = tiny ]; then  # the CPU check of this script: nano models, tiny batches
+  SFT_LIMIT=900 RUN_LIMIT=900
   COMMON+=(models.solver_model.preset=nano models.verifier_model.preset=nano train.batch_tasks=4 train.group_size=4
            train.eval_tasks=8 train.eval_samples=1 sft.steps=30 sft.traces=300 sft.batch_size=32)
 else                          # one GPU: the gpu grid's model and batch, a shorter SFT and evaluation
@@ -90,26 +92,31 @@ else                          # one GPU: the gpu grid's model and batch, a short
 fi
 
 phase_start "SFT warm-up of the base checkpoint"
-limited 150 "$OUT/logs/sft.log" "$PY" -m drmas.cli sft "$CONFIG" "${COMMON[@]}" --no-progress
+limited "$SFT_LIMIT" "$OUT/logs/sft.log" "$PY" -m drmas.cli sft "$CONFIG" "${COMMON[@]}" --no-progress
 wait "$LAST_PID" || { say "SFT failed or timed out (exit $?); see $OUT/logs/sft.log"; tail -5 "$OUT/logs/sft.log"; exit 1; }
 grep -h '"sft"' "$OUT/logs/sft.log" | "$PY" -c "import json,sys; [print('   ' + k, {m: round(v, 4) for m, v in d.items()}) for line in sys.stdin for k, d in json.loads(line)['sft'].items()]" | tee -a "$SUMMARY"
 phase_end
 
 phase_start "two RL runs at once (A: uninterrupted; B: killed after its step-2 checkpoint, then resumed)"
-train() { limited 180 "$OUT/logs/$2.log" "$PY" -m drmas.cli train "$CONFIG" "${COMMON[@]}" name="$1" --no-progress; }
+train() { limited "$RUN_LIMIT" "$OUT/logs/$2.log" "$PY" -m drmas.cli train "$CONFIG" "${COMMON[@]}" name="$1" --no-progress; }
 train A run_a; PID_A=$LAST_PID
 train B run_b; PID_B=$LAST_PID
 CKPT="$OUT/runs/B/checkpoints/latest/trainer.json"
+KILLED=0
 while kill -0 "$PID_B" 2>/dev/null; do
   if [ -f "$CKPT" ] && "$PY" -c "import json,sys; sys.exit(json.load(open('$CKPT'))['step'] < 2)" 2>/dev/null; then
     kill -KILL -- "-$PID_B" || true  # run B's process group (its `timeout` leads it): SIGKILL, no clean-up
     say "   killed run B after its step-2 checkpoint ($(wc -l < "$OUT/runs/B/metrics.jsonl") step records written)"
+    KILLED=1
     break
   fi
   sleep 0.2
 done
-wait "$PID_B" 2>/dev/null || true
-if [ -f "$OUT/runs/B/DONE" ]; then say "run B finished before it could be killed: use more --steps"; exit 1; fi
+wait "$PID_B" 2>/dev/null; B_EXIT=$?
+if [ "$KILLED" = 0 ]; then
+  say "run B ended (exit $B_EXIT) before it could be killed after step 2: $( [ -f "$OUT/runs/B/DONE" ] && echo 'it finished: use more --steps' || echo "see $OUT/logs/run_b.log")"
+  exit 1
+fi
 say "   resuming run B"
 train B run_b_resumed
 wait "$LAST_PID" || { say "resumed run B failed (exit $?); see $OUT/logs/run_b_resumed.log"; exit 1; }
