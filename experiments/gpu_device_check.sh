@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one script to run on a GPU machine (<= 9 min in all, a hard time limit per part; plain python3, no
-# install: the wheels of `.whl/` go to /tmp/site as in gpu_local_smoke.sh). Everything lands under $OUT
-# (default results/device_check): summary.txt, report.json, smoke_summary.{txt,json}, logs.tar.gz.
+# install: the wheels of `.whl/` go to /tmp/site as in gpu_local_smoke.sh). Five files land in $OUT (default
+# results/device_check): summary.txt, report.json, smoke_summary.{txt,json} and logs.tar.gz (every log).
 #   1. experiments/gpu_local_smoke.sh: SFT, two RL runs at once, kill + resume, per-phase timings (<= 240 s);
 #   2. the CPU default grid's math and search settings on the GPU (experiments/grids/cpu.yaml, one run per
 #      entry, short SFT, a few RL steps each, `--jobs auto`): s/step per setting, tokens/s; then 1, 2, 4, 8
@@ -42,8 +42,15 @@ else
   SMOKE=(--scale gpu --steps 6) STEPS=3 SFT=300 LANES="1 2 4 8" PART1=240 PART2=270
   TINY=() SETTINGS=()
 fi
-WORK="$OUT/work"
+WORK="${TMPDIR:-/tmp}/drmas_device_check"   # runs and checkpoints stay out of $OUT; their logs are tarred there
 rm -rf "$WORK"; mkdir -p "$WORK" "$OUT"
+pack() {  # on any exit (also a kill by an outer time limit): the logs into $OUT/logs.tar.gz, the work folder removed
+  tar -czf "$OUT/logs.tar.gz" -C "$WORK" --exclude='*.safetensors' --exclude='*.pt' --exclude='*/checkpoints/*' \
+    --exclude='*/tokenizer*' . 2>/dev/null
+  rm -rf "$WORK"
+}
+trap pack EXIT
+trap 'exit 143' TERM INT
 : > "$OUT/summary.txt"
 say() { echo "$*" | tee -a "$OUT/summary.txt"; }
 T0=$(date +%s)
@@ -89,6 +96,3 @@ say "== report"
 "$PY" -m experiments.device_check report --work "$WORK" --cpu-minutes 59.5 --out "$OUT/report.json" 2>&1 \
   | tee -a "$OUT/summary.txt"
 say "== total $(( $(date +%s) - T0 )) s"
-tar -czf "$OUT/logs.tar.gz" -C "$WORK" --exclude='*.safetensors' --exclude='*.pt' --exclude='*/checkpoints/*' . 2>/dev/null
-rm -rf "$WORK"
-ls -la "$OUT"
