@@ -40,6 +40,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(cfg.train.threads)
+    _log_device(cfg.train.device, cfg.train.precision)
     with nullcontext() if args.sft_only else folder_lock(cfg.run_dir, "run folder"):  # before any work
         sft = warmup(cfg, progress=not args.no_progress)
         if sft:
@@ -55,12 +56,24 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _log_device(spec: str, precision: str) -> None:
+    """Resolve ``train.device`` before any work (a GPU that is not there is a config error) and say it."""
+    from drmas.devices import describe, resolve_device
+
+    try:
+        device = resolve_device(spec)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    logging.getLogger("drmas").info("device: %s, precision %s (train.device=%s)", describe(device), precision, spec)
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from drmas.trainer.trainer import Trainer
 
     cfg = load_config(Path(args.run_dir) / "config.yaml", args.overrides)
+    _log_device(cfg.train.device, cfg.train.precision)
     trainer = Trainer(cfg)
     try:
         step = trainer.load_checkpoint()

@@ -230,6 +230,10 @@ def _leaves(node: Any, prefix: str) -> list[tuple[str, Any]]:
     return [(prefix, node)]
 
 
+DEVICE_PATTERN = r"^(auto|cpu|cuda(:\d+)?)$"
+"""The values ``train.device`` accepts (resolved by :func:`drmas.devices.resolve_device`)."""
+
+
 class TrainConfig(Strict):
     steps: int = Field(100, ge=0, description="RL steps")
     batch_tasks: PositiveInt = Field(16, description="tasks per step (paper: math 32, search 128)")
@@ -251,6 +255,13 @@ class TrainConfig(Strict):
     keep_previous_checkpoint: bool = Field(
         False, description="keep the checkpoint before the latest (checkpoints/latest.old): a resume that finds "
                            "`latest` damaged falls back to it (twice the checkpoint disk space)")
+    device: str = Field("auto", pattern=DEVICE_PATTERN,
+                        description="where the models of the local and ray backends live (policy, reference model, "
+                                    "rollout, SFT warm-up, evaluation): auto = the first CUDA GPU when torch sees "
+                                    "one, else the CPU; cpu; cuda; cuda:<index> (drmas/devices.py)")
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32", description="fp32: everything in float32 (the CPU default); bf16: float32 weights and optimizer "
+                            "states, forward passes under bfloat16 autocast (GPU)")
 
 
 class SFTSection(Strict):

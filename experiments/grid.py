@@ -1,6 +1,7 @@
 """Experiment grids and ablation sweeps: a resumable runner of ``drmas train`` jobs.
 
-    python -m experiments.grid run experiments/grids/cpu.yaml [--seeds N] [--only PATTERN] [--jobs 2]
+    python -m experiments.grid run experiments/grids/cpu.yaml [--seeds N] [--only PATTERN] [--jobs auto|N]
+                                   [--device auto|cpu|cuda] [--ray ADDRESS]
     python -m experiments.grid list experiments/grids/cpu.yaml
     python -m experiments.grid sweep CONFIG --set algo.estimator=drmas,trajectory_grpo --set train.group_size=4,8
                                    [--seeds N] [--name NAME] [--out results/runs/sweeps]
@@ -13,6 +14,12 @@ train`` does that), so the runner can be interrupted and restarted at any point.
 ``config.yaml`` differs from the config the grid gives now (an edited YAML) is neither skipped nor
 resumed: the runner stops and lists the changed keys (``--stale rerun`` moves such folders aside). Runs execute as
 subprocesses, ``--jobs`` at a time (one torch thread each: on 2 cores, two runs take the time of one).
+``--jobs auto`` takes the number from the hardware (:func:`auto_jobs`): one run per core on the CPU, several
+runs sharing each GPU on a GPU machine (runs are spread over the GPUs with ``CUDA_VISIBLE_DEVICES``).
+``--device`` (default ``auto``: a GPU when torch sees one) is handed to every run as ``train.device``; a run
+folder made on another device is the same run (``train.device`` is not compared, see :func:`config_changes`).
+``--ray ADDRESS`` runs every command as a Ray task on that cluster instead (:class:`RayLauncher`): same queue,
+index and run folders; Ray places each run by its CPU/GPU needs.
 ``index.json`` in ``out_dir`` lists every run with its tags, status and wall time; it is rewritten
 atomically after each run finishes.
 
@@ -43,6 +50,7 @@ from drmas.shutdown import children_end_with_me
 
 logger = logging.getLogger("experiments.grid")
 STALE_POLICIES = ("error", "rerun", "keep")
+DEVICES = ("auto", "cpu", "cuda")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -64,8 +72,9 @@ class Run:
         """The overrides ``drmas train`` gets: the run's name, folder and seed, then the entry's own."""
         return [f"name={self.name}", f"out_dir={out_dir}", f"train.seed={self.seed}", *self.overrides]
 
-    def command(self, out_dir: Path) -> list[str]:
-        return [sys.executable, "-m", "drmas.cli", "train", self.config, *self.train_overrides(out_dir), "--no-progress"]
+    def command(self, out_dir: Path, device: str = "auto") -> list[str]:
+        return [sys.executable, "-m", "drmas.cli", "train", self.config, *self.train_overrides(out_dir),
+                *device_overrides(device), "--no-progress"]
 
 
 @dataclass
@@ -79,6 +88,58 @@ class Grid:
 
 class GridError(ValueError):
     """A malformed grid spec or sweep request (the message names the entry and the fix)."""
+
+
+RUNS_PER_GPU = 8
+"""Concurrent runs per GPU under ``--jobs auto``. Measured on one H200 with the CPU grid's math setting (issue
+15): 2 runs at once 0.76 s/step each, 8 runs 1.1-1.2 s/step each, i.e. 8 lanes give ~2.6x the throughput of 2
+(GPU generation is launch-bound at these model sizes, so runs overlap well). experiments/gpu_device_check.sh
+measures 1, 2, 4 and 8 lanes again on the machine at hand."""
+
+
+def auto_jobs(cores: int, gpus: int, runs_per_gpu: int = RUNS_PER_GPU) -> int:
+    """How many runs of a grid go at once: one per CPU core on a CPU machine (one torch thread each); with
+    ``gpus`` > 0, ``runs_per_gpu`` per GPU, but never more than the cores (every run keeps one core busy
+    with Python and kernel launches)."""
+    if cores < 1 or gpus < 0 or runs_per_gpu < 1:
+        raise GridError(f"auto_jobs: need cores >= 1, gpus >= 0, runs_per_gpu >= 1 (got {cores}, {gpus}, {runs_per_gpu})")
+    return cores if gpus == 0 else max(1, min(cores, gpus * runs_per_gpu))
+
+
+def device_overrides(device: str) -> list[str]:
+    """The ``train.device`` override a run gets from ``--device`` (none for ``auto``: the config decides)."""
+    return [] if device == "auto" else [f"train.device={device}"]
+
+
+def hardware(device: str) -> tuple[int, int, str]:
+    """(usable CPU cores, GPUs the runs will use, a line naming them) for ``--device``."""
+    import torch
+
+    from drmas.devices import resolve_device
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        resolved = resolve_device(device)
+    except ValueError as exc:
+        raise GridError(f"--device {device}: {exc}") from None
+    if resolved.type != "cuda":
+        return cores, 0, f"cpu ({cores} cores, one torch thread per run)"
+    gpus = 1 if resolved.index is not None else torch.cuda.device_count()  # (no CUDA context in this process)
+    return cores, gpus, f"{resolved} ({gpus} GPU(s) in use; {cores} CPU cores)"
+
+
+def least_busy_gpu(gpus: int, busy: list[int]) -> int:
+    """The GPU (0 .. gpus-1) running the fewest of the runs on ``busy`` GPUs (the lowest index on a tie)."""
+    return min(range(gpus), key=lambda g: (busy.count(g), g))
+
+
+def parse_jobs(text: str) -> int | str:
+    """``--jobs``: a positive number or ``auto``."""
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--jobs {text!r}: give a number >= 1 or 'auto'")
+    return int(text)
 
 
 def load_grid(path: str | Path, seeds: int | None = None) -> Grid:
@@ -164,8 +225,11 @@ def _in_repo(path: str | Path) -> Path:
 
 
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:
-    """A run's config without what names its folder (``name``, ``out_dir``, the derived DeepSpeed dir)."""
+    """A run's config without what names its folder (``name``, ``out_dir``, the derived DeepSpeed dir) and
+    without ``train.device``: a run is the same run on a CPU or a GPU (same grid, same result semantics), so
+    a run begun on one resumes on the other."""
     config = {k: v for k, v in config.items() if k not in ("name", "out_dir")}
+    config["train"] = {k: v for k, v in (config.get("train") or {}).items() if k != "device"}
     config["models"] = {key: {**m, "resources": {k: v for k, v in (m.get("resources") or {}).items()
                                                  if k != "checkpoint_dir"}}
                         for key, m in (config.get("models") or {}).items()}
@@ -238,13 +302,83 @@ def write_index(grid: Grid, timings: dict[str, float], failed: dict[str, str]) -
     return out / "index.json"
 
 
+class LocalLauncher:
+    """Runs the grid's commands as subprocesses of this machine (the default)."""
+
+    @staticmethod
+    def hardware(device: str) -> tuple[int, int, str]:
+        return hardware(device)
+
+    @staticmethod
+    def start(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+        """``cmd`` in the repository root, its output appended to ``log``, ``env`` added to this environment."""
+        return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=log.open("a"), stderr=subprocess.STDOUT)
+
+
+def _run_logged(cmd: list[str], cwd: str, log: str, env: dict[str, str]) -> int:
+    """Body of a grid run's Ray task: the command on the node Ray chose, output appended to ``log``."""
+    with open(log, "a") as fh:
+        return subprocess.run(cmd, cwd=cwd, env={**os.environ, **env}, stdout=fh, stderr=subprocess.STDOUT).returncode
+
+
+class RayTask:
+    """A grid command running as a Ray task, with the two calls of ``subprocess.Popen`` the runner uses."""
+
+    def __init__(self, ref: Any):
+        self.ref, self.returncode = ref, None
+
+    def poll(self) -> int | None:
+        import ray
+
+        if self.returncode is None and ray.wait([self.ref], timeout=0)[0]:
+            try:
+                self.returncode = int(ray.get(self.ref))
+            except ray.exceptions.RayError as exc:  # the task's worker or node died
+                logger.error("[grid] ray task failed: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                self.returncode = -1
+        return self.returncode
+
+    def wait(self) -> int:
+        while self.poll() is None:
+            time.sleep(0.5)
+        return int(self.returncode)
+
+
+class RayLauncher:
+    """Runs the grid's commands as tasks on a Ray cluster (``ray start --head`` on one node, ``ray start
+    --address=...`` on the others; ``local`` starts a head in this process): each ``drmas train`` / ``drmas sft``
+    is a task needing 1 CPU and, when the runs train on GPUs, 1 / ``RUNS_PER_GPU`` of a GPU (Ray sets its
+    ``CUDA_VISIBLE_DEVICES``). Ray places the tasks; the runner keeps its queue, index and run folders, which
+    must be on a filesystem every node sees (same repository path and Python on every node)."""
+
+    def __init__(self, address: str, device: str):
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=None if address == "local" else address, include_dashboard=False, log_to_driver=False,
+                     configure_logging=False)
+        resources = ray.cluster_resources()
+        self.cpus, self.gpus = int(resources.get("CPU", 1)), int(resources.get("GPU", 0))
+        self.gpu_share = 1.0 / RUNS_PER_GPU if self.gpus and device != "cpu" else 0.0
+        self._remote = ray.remote(_run_logged).options(num_cpus=1, num_gpus=self.gpu_share, max_retries=0)
+        logger.info("[grid] ray cluster %s: %d CPUs, %d GPUs", address, self.cpus, self.gpus)
+
+    def hardware(self, device: str) -> tuple[int, int, str]:
+        gpus = self.gpus if device != "cpu" else 0
+        return self.cpus, gpus, f"ray cluster: {self.cpus} CPUs, {gpus} GPU(s) used (1/{RUNS_PER_GPU} GPU per run)"
+
+    def start(self, cmd: list[str], log: Path, env: dict[str, str]) -> RayTask:
+        return RayTask(self._remote.remote(cmd, str(ROOT), str(log.resolve()), env))
+
+
 def warm_ups_needed(grid: Grid, runs: list[Run]) -> list[str]:
     """The grid's ``sft`` configs that build a missing checkpoint one of ``runs`` starts from."""
     needed = {path for r in runs for path in _start_checkpoints(r.config, tuple(r.overrides)) if not path.exists()}
     return [config for config in grid.sft if needed & set(_start_checkpoints(config, ()))]
 
 
-def _start_warm_up(grid: Grid, runs: list[Run]) -> list[tuple[str, Path, subprocess.Popen]]:
+def _start_warm_up(grid: Grid, runs: list[Run], device: str,
+                   launcher: "LocalLauncher | RayLauncher") -> list[tuple[str, Path, Any]]:
     """Start the SFT warm-up of every ``sft`` config of the grid that builds a missing checkpoint one of
     ``runs`` starts from, all at once, in the background (each ``drmas sft`` runs its own checkpoints in
     parallel processes and returns at once when they exist; two warm-ups of one task source serialize on a
@@ -254,8 +388,8 @@ def _start_warm_up(grid: Grid, runs: list[Run]) -> list[tuple[str, Path, subproc
         log = grid.out_dir / "logs" / f"sft_{Path(config).stem}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         logger.info("[grid] SFT warm-up: %s (log: %s)", config, log)
-        cmd = [sys.executable, "-m", "drmas.cli", "sft", config, "--no-progress"]
-        procs.append((config, log, subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("a"), stderr=subprocess.STDOUT)))
+        cmd = [sys.executable, "-m", "drmas.cli", "sft", config, *device_overrides(device), "--no-progress"]
+        procs.append((config, log, launcher.start(cmd, log, {})))
     return procs
 
 
@@ -275,31 +409,36 @@ def checkpoints_ready(run: Run) -> bool:
     return all(path.exists() for path in _start_checkpoints(run.config, tuple(run.overrides)))
 
 
-def run_grid(grid: Grid, jobs: int = 2, only: str | None = None, dry_run: bool = False,
-             stale: str = "error") -> dict[str, str]:
+def run_grid(grid: Grid, jobs: int | str = 2, only: str | None = None, dry_run: bool = False,
+             stale: str = "error", device: str = "auto", ray_address: str | None = None) -> dict[str, str]:
     """:func:`_run_grid` holding the lock of ``grid.out_dir`` (a second runner on it stops at once with
     ``FolderLocked`` naming the first), and ending every child process on SIGTERM/SIGINT."""
     if dry_run:
-        return _run_grid(grid, jobs, only, dry_run, stale)
+        return _run_grid(grid, jobs, only, dry_run, stale, device, ray_address)
     with folder_lock(grid.out_dir, "grid out_dir"), children_end_with_me():
-        return _run_grid(grid, jobs, only, dry_run, stale)
+        return _run_grid(grid, jobs, only, dry_run, stale, device, ray_address)
 
 
-def _run_grid(grid: Grid, jobs: int = 2, only: str | None = None, dry_run: bool = False,
-              stale: str = "error") -> dict[str, str]:
+def _run_grid(grid: Grid, jobs: int | str = 2, only: str | None = None, dry_run: bool = False,
+              stale: str = "error", device: str = "auto", ray_address: str | None = None) -> dict[str, str]:
     """Run every incomplete run of ``grid`` (``only``: fnmatch pattern(s) on run names, comma-separated).
     Returns run name -> error for the runs that failed; the others are complete. ``stale``: what to do
-    with run folders made with another config (:func:`set_aside_stale`).
+    with run folders made with another config (:func:`set_aside_stale`). ``jobs``: runs at a time, or
+    ``auto`` (:func:`auto_jobs`); ``device``: every run's ``train.device`` (``auto``: the configs' own);
+    ``ray_address``: run every command as a task on that Ray cluster (:class:`RayLauncher`; ``local`` starts
+    a local head) instead of as a subprocess of this machine.
 
     Scheduling: the warm-ups start first, each holding one of the ``jobs`` lanes while it runs; a run
     starts on a free lane as soon as its checkpoints exist (queue order otherwise), so search runs go
     while the math base is still being trained."""
-    if grid.requires_gpu and not dry_run:
-        import torch
-
-        if not torch.cuda.is_available():
-            raise GridError(f"grid {grid.name!r} needs GPUs (vLLM + OpenRLHF workers) and none is visible; run it "
-                            "on a cluster (docs/gpu.md) or pass --dry-run to list its commands")
+    launcher = RayLauncher(ray_address, device) if ray_address and not dry_run else LocalLauncher()
+    cores, gpus, where = launcher.hardware(device)
+    if grid.requires_gpu and not dry_run and not gpus:
+        raise GridError(f"grid {grid.name!r} needs GPUs and none is in use ({where}); run it on a GPU machine "
+                        "(docs/gpu.md) or pass --dry-run to list its commands")
+    if jobs == "auto":
+        jobs = auto_jobs(cores, gpus)
+    logger.info("[grid] device: %s; %d run(s) at a time", where, jobs)
     patterns = [p for p in (only or "").split(",") if p]
     selected = [r for r in grid.runs if not patterns or any(fnmatch.fnmatch(r.name, p) for p in patterns)]
     if not dry_run:
@@ -310,18 +449,18 @@ def _run_grid(grid: Grid, jobs: int = 2, only: str | None = None, dry_run: bool 
             logger.info("[grid] %s complete: skipped", r.name)
     if dry_run:
         for r in todo:
-            print(" ".join(r.command(grid.out_dir)))
+            print(" ".join(r.command(grid.out_dir, device)))
         return {}
     if not todo:
         write_index(grid, {}, {})
         return {}
-    warming = _start_warm_up(grid, todo)
+    warming = _start_warm_up(grid, todo, device, launcher)
     timings: dict[str, float] = {}
     failed: dict[str, str] = {}
-    running: list[tuple[Run, subprocess.Popen, float, Path]] = []
+    running: list[tuple[Run, Any, float, Path]] = []
+    gpu_of: dict[str, int] = {}  # run name -> GPU index (machines with several GPUs)
     queue = list(todo)
     t_start = time.perf_counter()
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
     while queue or running:
         for item in list(warming):
             config, log, proc = item
@@ -341,8 +480,11 @@ def _run_grid(grid: Grid, jobs: int = 2, only: str | None = None, dry_run: bool 
             queue.remove(ready)
             log = grid.out_dir / "logs" / f"{ready.name}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
-            proc = subprocess.Popen(ready.command(grid.out_dir), cwd=ROOT, env=env, stdout=log.open("a"),
-                                    stderr=subprocess.STDOUT)
+            lane_env = {"PYTHONHASHSEED": "0"}
+            if gpus > 1 and isinstance(launcher, LocalLauncher):  # the run sees only the least busy GPU, as "cuda"
+                gpu_of[ready.name] = least_busy_gpu(gpus, [gpu_of[r.name] for r, *_ in running])
+                lane_env["CUDA_VISIBLE_DEVICES"] = str(gpu_of[ready.name])
+            proc = launcher.start(ready.command(grid.out_dir, device), log, lane_env)
             running.append((ready, proc, time.perf_counter(), log))
             logger.info("[grid] start %s (%d/%d; log %s)", ready.name, len(todo) - len(queue), len(todo), log)
         time.sleep(1.0)
@@ -377,7 +519,12 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("spec")
         p.add_argument("--seeds", type=int, default=None, help="seeds per entry (default: the spec's)")
         p.add_argument("--only", default=None, help="fnmatch pattern(s) on run names, comma-separated")
-        p.add_argument("--jobs", type=int, default=2, help="runs at a time")
+        p.add_argument("--jobs", type=parse_jobs, default=2,
+                       help="runs at a time, or 'auto': one per CPU core, or several per GPU (auto_jobs)")
+        p.add_argument("--device", default="auto", choices=DEVICES,
+                       help="every run's train.device (auto: the configs' own, i.e. a GPU when torch sees one)")
+        p.add_argument("--ray", dest="ray_address", default=None, metavar="ADDRESS",
+                       help="run every command as a task on this Ray cluster (e.g. auto, 10.0.0.1:6379, or local)")
         p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
         p.add_argument("--stale", choices=STALE_POLICIES, default="error",
                        help="run folders made with another config: stop and list them (error), move them aside "
@@ -388,7 +535,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=1)
     p.add_argument("--name", default=None, help="sweep name (default: from the config and keys)")
     p.add_argument("--out", default="results/runs/sweeps")
-    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--jobs", type=parse_jobs, default=2)
+    p.add_argument("--device", default="auto", choices=DEVICES)
+    p.add_argument("--ray", dest="ray_address", default=None, metavar="ADDRESS")
     p.add_argument("--only", default=None)
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--stale", choices=STALE_POLICIES, default="error")
@@ -407,7 +556,8 @@ def main(argv: list[str] | None = None) -> int:
                     status = "stale"
                 print(f"{status:8s} {r.name:40s} {r.config} {' '.join(r.overrides)}")
             return 0
-        failed = run_grid(grid, jobs=args.jobs, only=args.only, dry_run=args.dry_run, stale=args.stale)
+        failed = run_grid(grid, jobs=args.jobs, only=args.only, dry_run=args.dry_run, stale=args.stale,
+                          device=args.device, ray_address=args.ray_address)
     except GridError as exc:
         print(f"experiments.grid: {exc}", file=sys.stderr)
         return 2

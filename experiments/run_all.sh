@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # The main job: regenerate the suite's results on this machine (default: CPU scale, the embedded default).
-#   bash experiments/run_all.sh [--scale cpu|paper] [--only STAGE[,STAGE...]] [--seeds N] [--runs PATTERN] [--jobs N]
-#                               [--stale error|rerun|keep] [--rebuild-bases]
+#   bash experiments/run_all.sh [--scale cpu|gpu|paper] [--only STAGE[,STAGE...]] [--seeds N] [--runs PATTERN]
+#                               [--jobs auto|N] [--device auto|cpu|cuda] [--stale error|rerun|keep] [--rebuild-bases]
 # Stages: bench, theory, train (at CPU scale first the mechanism sweep experiments/grids/mechanism.yaml, then the
 # grid experiments/grids/<scale>.yaml), analysis. Sets up the environment itself (idempotent). Resumable: complete
 # runs are skipped, interrupted runs resume from their checkpoint. The SFT'd base checkpoints of the CPU grid are
-# shipped in results/sft/ (this scale's "pre-trained models"; results/sft/BASES.md says how they were made).
-#   --seeds N      seeds per grid entry (default: the grid's own; the CPU grid uses 2 for the main settings)
+# shipped in results/sft/ (this scale's "pre-trained models"; results/sft/bases.json says how they were made).
+#   --seeds N      seeds per grid entry (default: the grid's own; the CPU grid: 3, math 4, single agent fewer)
 #   --runs PATTERN only runs whose names match (fnmatch, comma-separated), e.g. 'math_*'
-#   --jobs N       runs at a time (default 2: one per core, one torch thread each)
+#   --jobs N       runs at a time (default auto: one per CPU core, one torch thread each; on a GPU machine
+#                  several runs share each GPU, experiments/grid.py auto_jobs)
+#   --device D     where the runs train (default auto: a GPU when torch sees one, else the CPU; same grid and
+#                  result semantics either way); the device is printed before the grid starts
+#   --scale gpu    the one-GPU grid (experiments/grids/gpu.yaml: 12.8M models, paper batch, 4 seeds, ~40 min)
 #   --stale MODE   run folders made with another config than the YAML gives now: stop and list them (error,
 #                  default), move them aside to <run>.stale-<k> and run again (rerun), or use them (keep)
 #   --rebuild-bases  move the shipped base checkpoints (results/sft) aside to results/sft.old-<time> and SFT them
@@ -20,7 +24,8 @@ SCALE=cpu
 ONLY=""
 SEEDS=""
 RUNS=""
-JOBS=2
+JOBS=auto
+DEVICE=auto
 STALE=error
 REBUILD=0
 while [ $# -gt 0 ]; do
@@ -30,13 +35,15 @@ while [ $# -gt 0 ]; do
     --seeds) SEEDS="$2"; shift 2 ;;
     --runs) RUNS="$2"; shift 2 ;;
     --jobs) JOBS="$2"; shift 2 ;;
+    --device) DEVICE="$2"; shift 2 ;;
     --stale) STALE="$2"; shift 2 ;;
     --rebuild-bases) REBUILD=1; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "run_all.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-case "$SCALE" in cpu|paper) ;; *) echo "run_all.sh: --scale must be cpu or paper, got '$SCALE'" >&2; exit 2 ;; esac
+case "$SCALE" in cpu|gpu|paper) ;; *) echo "run_all.sh: --scale must be cpu, gpu or paper, got '$SCALE'" >&2; exit 2 ;; esac
+case "$DEVICE" in auto|cpu|cuda) ;; *) echo "run_all.sh: --device must be auto, cpu or cuda, got '$DEVICE'" >&2; exit 2 ;; esac
 bash "$ROOT/scripts/setup_env.sh"
 PY="$ROOT/.venv/bin/python"
 cd "$ROOT"
@@ -70,12 +77,14 @@ if [ "$REBUILD" = 1 ] && [ -d results/sft ]; then
   mv results/sft "$aside"
 fi
 if want train; then
+  echo "[run_all] device: $("$PY" -m drmas.devices "$DEVICE") (--device $DEVICE)"
   if [ "$SCALE" = cpu ] && [ -z "$RUNS" ]; then  # first: it is short and it is the test of the mechanism (claim a)
     stage "train: the mechanism sweep ($MECH): retrieval-miss rate x estimator x seed, short runs without evaluation"
-    "$PY" -m experiments.grid run "$MECH" --jobs "$JOBS" --stale "$STALE"
+    "$PY" -m experiments.grid run "$MECH" --jobs "$JOBS" --device "$DEVICE" --stale "$STALE"
   fi
   stage "train: the $SCALE grid ($GRID): SFT warm-up of missing base checkpoints, then every run not yet complete"
-  "$PY" -m experiments.grid run "$GRID" --jobs "$JOBS" --stale "$STALE" ${SEEDS:+--seeds "$SEEDS"} ${RUNS:+--only "$RUNS"}
+  "$PY" -m experiments.grid run "$GRID" --jobs "$JOBS" --device "$DEVICE" --stale "$STALE" ${SEEDS:+--seeds "$SEEDS"} \
+    ${RUNS:+--only "$RUNS"}
 fi
 if want analysis; then
   stage "analysis: tables, figures, statistics and results/REPORT.md from $(out_dir "$GRID")"

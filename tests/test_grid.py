@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.grid import (ROOT, GridError, _split_values, config_changes, load_grid, run_grid, run_status,
-                             set_aside_stale, sweep_grid, warm_ups_needed)
+from drmas.config import load_config
+from experiments.grid import (ROOT, GridError, _split_values, auto_jobs, config_changes, least_busy_gpu, load_grid,
+                             main, parse_jobs, run_grid, run_status, set_aside_stale, sweep_grid, warm_ups_needed)
 
 
 def _write(path: Path, data) -> Path:
@@ -58,6 +59,41 @@ def test_shipped_grids_load():
     assert ("search", "hetero_drmas") in settings and ("search", "homogeneous_drmas") in settings
     paper = load_grid(ROOT / "experiments/grids/paper.yaml")  # every paper-scale config exists and is referenced
     assert paper.requires_gpu and len(paper.runs) == 24 and all("configs/paper/" in r.config for r in paper.runs)
+    gpu = load_grid(ROOT / "experiments/grids/gpu.yaml")  # one GPU: the math table, 4 seeds, the paper's batch
+    assert gpu.requires_gpu and len(gpu.runs) == 20 and {r.seed for r in gpu.runs} == {0, 1, 2, 3}
+    for run in gpu.runs:
+        cfg = load_config(ROOT / run.config, run.overrides)
+        assert (cfg.train.batch_tasks, cfg.train.group_size, cfg.train.device) == (32, 8, "auto")
+        assert {m.preset for m in cfg.models.values()} == {"base"}
+
+
+def test_auto_jobs_from_the_hardware():
+    assert auto_jobs(cores=2, gpus=0) == 2  # CPU: one run per core (the 2-core default is unchanged)
+    assert auto_jobs(cores=16, gpus=1) == 8  # one GPU: RUNS_PER_GPU runs share it
+    assert auto_jobs(cores=4, gpus=1) == 4  # ... but never more runs than cores
+    assert auto_jobs(cores=64, gpus=4, runs_per_gpu=6) == 24
+    with pytest.raises(GridError, match="cores >= 1"):
+        auto_jobs(cores=0, gpus=1)
+    assert parse_jobs("auto") == "auto" and parse_jobs("3") == 3
+    for bad in ("0", "-1", "two"):
+        with pytest.raises(Exception, match="number >= 1 or 'auto'"):
+            parse_jobs(bad)
+    assert [least_busy_gpu(2, busy) for busy in ([], [0], [0, 1], [0, 1, 1])] == [0, 1, 0, 0]
+
+
+def test_device_reaches_every_run_but_does_not_make_a_folder_stale(tmp_path, capsys):
+    grid = _fake_done_runs(_mini_grid(tmp_path))
+    assert "train.device=cpu" in grid.runs[0].command(grid.out_dir, "cpu")
+    assert not any("train.device" in a for a in grid.runs[0].command(grid.out_dir))  # auto: the config decides
+    folder = grid.out_dir / grid.runs[0].name
+    saved = yaml.safe_load((folder / "config.yaml").read_text())
+    saved["train"]["device"] = "cuda"  # the same run, made on a GPU
+    _write(folder / "config.yaml", saved)
+    assert config_changes(grid.runs[0], grid.out_dir) == []
+    assert main(["run", str(tmp_path / "grid.yaml"), "--jobs", "auto", "--device", "cpu", "--dry-run"]) == 0
+    if not __import__("torch").cuda.is_available():  # a GPU that is not there: one clear error, nothing runs
+        assert main(["run", str(tmp_path / "grid.yaml"), "--device", "cuda"]) == 2
+        assert "torch sees no CUDA GPU" in capsys.readouterr().err
 
 
 def test_sweep_is_a_cartesian_product():
@@ -194,3 +230,30 @@ def test_only_warms_up_the_bases_its_runs_need(tmp_path):
     search_base = ROOT / "results/sft/search/base_nano/config.json"
     assert warm_ups_needed(grid, grid.runs) == [c for c, b in zip(grid.sft, (base, search_base)) if not b.exists()]
     del sft
+
+
+@pytest.mark.slow
+def test_grid_on_a_local_ray_head_runs_two_runs_at_once(tmp_path):
+    """``--ray ADDRESS``: the same runs, index and run folders, each run a Ray task (1 CPU) on a local head with
+    2 CPUs: both runs go at once (their training intervals overlap), both complete, and a second invocation
+    skips them."""
+    ray = pytest.importorskip("ray")
+    spec = _mini_grid(tmp_path)
+    runs = tmp_path / "runs"
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        assert run_grid(load_grid(spec), jobs="auto", ray_address="local") == {}
+        index = json.loads((runs / "index.json").read_text())
+        assert [(r["run"], r["status"]) for r in index["runs"]] == [
+            ("math_nonsharing_grpo_s0", "done"), ("math_nonsharing_drmas_s0", "done")]
+        for r in index["runs"]:
+            steps = [json.loads(line)["step"] for line in (runs / r["run"] / "metrics.jsonl").read_text().splitlines()]
+            assert steps == [0, 1, 2, 3, 4, 5]
+        # each run trains from its manifest (written at the start) to its DONE: the two intervals overlap
+        (a0, a1), (b0, b1) = [((runs / r["run"] / "manifest.json").stat().st_mtime, (runs / r["run"] / "DONE").stat().st_mtime)
+                              for r in index["runs"]]
+        assert a0 < b1 and b0 < a1, "the two runs did not run at once"
+        assert run_grid(load_grid(spec), jobs="auto", ray_address="local") == {}  # complete: skipped
+    finally:
+        ray.shutdown()
+

@@ -28,7 +28,11 @@ def tok():
 # parameters at a 512-token vocabulary (tied embeddings):
 #   per layer = attention (h*h q + 2 * h*h_kv k,v + h*h o + biases h + 2 h_kv) + SwiGLU 3*h*ffn + 2 norms * h
 #   nano:  h=64,  h_kv=32,  ffn=256: 4 * (12288 + 128 + 49152 + 128) + 512*64 (emb) + 64 (final norm) = 279,616
-@pytest.mark.parametrize("name,expected", [("nano", 279_616), ("tiny", 1_051_264), ("small", 3_676_416)])
+#   base:  h=384, h_kv=128, ffn=1024: 8 * (147840 + 2 * 49280 + 147456 + 1179648 + 768) + 512*384 + 384 = 12,791,168
+#   medium: h=512, h_kv=256, ffn=1536: 12 * (262656 + 2 * 131328 + 262144 + 2359296 + 1024) + 512*512 + 512
+#           = 38,035,968  (the GPU presets, 10-50 M)
+@pytest.mark.parametrize("name,expected", [("nano", 279_616), ("tiny", 1_051_264), ("small", 3_676_416),
+                                           ("base", 12_791_168), ("medium", 38_035_968)])
 def test_preset_parameter_counts(tok, name, expected):
     cfg = dataclasses.replace(model_preset(name), vocab_size=512)
     model = build_policy(cfg, tok, seed=0)
@@ -50,11 +54,11 @@ def test_config_validation(tok):
         TinyModelConfig(hidden_size=60, num_heads=8)
     with pytest.raises(ValueError, match="must divide num_heads"):
         TinyModelConfig(num_heads=4, num_kv_heads=3)
-    with pytest.raises(ValueError, match="registered: \\['nano', 'small', 'tiny'\\]"):
+    with pytest.raises(ValueError, match="registered: \\['base', 'medium', 'nano', 'small', 'tiny'\\]"):
         model_preset("huge")
     with pytest.raises(ValueError, match="smaller than the tokenizer"):
         build_policy(TinyModelConfig(vocab_size=10), tok, seed=0)
-    assert set(MODEL_PRESETS) == {"nano", "tiny", "small"}
+    assert set(MODEL_PRESETS) == {"nano", "tiny", "small", "base", "medium"}
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])

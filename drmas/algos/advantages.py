@@ -109,8 +109,9 @@ class Segments:
     @cached_property
     def first(self) -> torch.Tensor:
         n = self.code.numel()
-        init = torch.full((self.count,), n, dtype=torch.int64)
-        return init.scatter_reduce_(0, self.code, torch.arange(n, dtype=torch.int64), reduce="amin")
+        init = torch.full((self.count,), n, dtype=torch.int64, device=self.code.device)
+        rows = torch.arange(n, dtype=torch.int64, device=self.code.device)
+        return init.scatter_reduce_(0, self.code, rows, reduce="amin")
 
     def combine(self, other: "Segments") -> "Segments":
         """Segments of the pairs (self, other)."""
@@ -346,7 +347,7 @@ def _as_scores(scores: torch.Tensor | np.ndarray | Sequence[float]) -> torch.Ten
     if isinstance(scores, torch.Tensor):
         x = scores.detach().cpu()
     else:
-        x = torch.as_tensor(np.asarray(scores, dtype=np.float64))
+        x = torch.as_tensor(np.asarray(scores, dtype=np.float64), device="cpu")
     if x.ndim != 1:
         raise ValueError(f"scores must be a 1-D tensor (one score per agent step), got shape {tuple(x.shape)}")
     x = x.to(torch.float64)
@@ -402,7 +403,10 @@ def compute_advantages(
         scale_by_std: divide by the std (False = mean-only, Dr. GRPO style).
 
     Returns:
-        :class:`AdvantageResult` with float32 advantages and the per-group statistics.
+        :class:`AdvantageResult` with float32 advantages and the per-group statistics. The statistics
+        are computed on the CPU (the grouping factorizes ids with numpy / pandas); ``advantages`` and
+        ``group_index`` are returned on the device of ``scores`` when it is a tensor (e.g. CUDA in, CUDA
+        out), else on the CPU.
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {estimator!r}; registered: {sorted(ESTIMATORS)}")
@@ -413,13 +417,15 @@ def compute_advantages(
     if singleton not in ("raw", "zero"):
         raise ValueError(f"singleton must be 'raw' (mean 0, std 1) or 'zero' (advantage 0), got {singleton!r}")
     conv = Conventions(ddof=ddof, eps=float(eps), singleton=singleton, scale_by_std=bool(scale_by_std))
+    device = scores.device if isinstance(scores, torch.Tensor) else torch.device("cpu")
     x = _as_scores(scores)
     batch = StepBatch(x, task_ids, agent_ids, traj_ids, conv)
     if x.numel() == 0:
         empty = pd.DataFrame(columns=["task_id", "n", "mean", "std", "singleton"])
-        return AdvantageResult(torch.zeros(0), empty, torch.zeros(0, dtype=torch.int64))
+        return AdvantageResult(torch.zeros(0, device=device), empty, torch.zeros(0, dtype=torch.int64, device=device))
     adv, grouping = ESTIMATORS[estimator](batch)
-    return AdvantageResult(adv.to(torch.float32), lambda: _stats_frame(batch, grouping), grouping.segments.code)
+    return AdvantageResult(adv.to(device=device, dtype=torch.float32), lambda: _stats_frame(batch, grouping),
+                           grouping.segments.code.to(device))
 
 
 def registered_estimators() -> list[str]:

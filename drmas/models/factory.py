@@ -12,7 +12,13 @@ preset    hidden layers heads kv heads ffn    parameters
 ``nano``  64     4      4     2        256    0.28 M
 ``tiny``  128    5      4     2        384    1.05 M
 ``small`` 256    6      8     4        512    3.67 M
+``base``  384    8      6     2        1024   12.8 M      (GPU runs: ``experiments/configs/gpu``)
+``medium`` 512   12     8     4        1536   38.0 M      (GPU runs)
 ========= ====== ====== ===== ======== ====== ==========
+
+``base`` and ``medium`` are the GPU presets (10-50 M parameters, 12x and 36x ``tiny``): on one GPU, HF
+generation of models this small is bound by kernel launches, not arithmetic (issue 15 measured it for
+``tiny``), so they should cost little more per step than ``tiny`` there (not yet measured on a GPU).
 """
 from __future__ import annotations
 
@@ -84,6 +90,8 @@ MODEL_PRESETS: dict[str, TinyModelConfig] = {
     "nano": TinyModelConfig(hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=256),
     "tiny": TinyModelConfig(hidden_size=128, num_layers=5, num_heads=4, num_kv_heads=2, intermediate_size=384),
     "small": TinyModelConfig(hidden_size=256, num_layers=6, num_heads=8, num_kv_heads=4, intermediate_size=512),
+    "base": TinyModelConfig(hidden_size=384, num_layers=8, num_heads=6, num_kv_heads=2, intermediate_size=1024),
+    "medium": TinyModelConfig(hidden_size=512, num_layers=12, num_heads=8, num_kv_heads=4, intermediate_size=1536),
 }
 
 
@@ -173,15 +181,18 @@ def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, fold
 
 
 def load_policy(
-    path_or_dir: str | Path, dtype: torch.dtype = torch.float32, attn_implementation: AttnImplementation = "sdpa"
+    path_or_dir: str | Path, dtype: torch.dtype = torch.float32, attn_implementation: AttnImplementation = "sdpa",
+    device: torch.device | str = "cpu",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a policy saved by :func:`save_policy` or a real checkpoint (a folder or a hub name; any
-    causal-LM architecture transformers knows, e.g. Qwen2.5/Qwen3/Llama-3.2 for the paper runs).
+    causal-LM architecture transformers knows, e.g. Qwen2.5/Qwen3/Llama-3.2 for the paper runs), its
+    weights on ``device``.
 
     The tokenizer comes from :func:`~drmas.models.tokenizer.load_tokenizer` when the folder carries the
     drmas marker, else from ``AutoTokenizer`` (real checkpoints). Returned in train mode.
     """
     model = AutoModelForCausalLM.from_pretrained(str(path_or_dir), dtype=dtype, attn_implementation=attn_implementation)
+    model.to(device)
     if Path(path_or_dir).is_dir() and is_drmas_tokenizer_folder(path_or_dir):
         tokenizer = load_tokenizer(path_or_dir)
     else:

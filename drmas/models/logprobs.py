@@ -46,19 +46,23 @@ class PackedBatch:
         return PackedBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
 
 
-def pad_rows(rows: Sequence[Sequence[int]], width: int, pad_id: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack ``rows`` into [len(rows), width] ids (padded with ``pad_id``) and the 0/1 mask of real tokens."""
-    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
-    flat = torch.tensor([tok for r in rows for tok in r], dtype=torch.long)
-    cols = torch.arange(width)
+def pad_rows(rows: Sequence[Sequence[int]], width: int, pad_id: int, left: bool,
+             device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack ``rows`` into [len(rows), width] ids (padded with ``pad_id``) and the 0/1 mask of real tokens,
+    both created on ``device``."""
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long, device=device)
+    flat = torch.tensor([tok for r in rows for tok in r], dtype=torch.long, device=device)
+    cols = torch.arange(width, device=device)
     mask = (cols >= width - lengths[:, None]) if left else (cols < lengths[:, None])
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)
     ids[mask] = flat
     return ids, mask.long()
 
 
-def make_batch(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], pad_id: int) -> PackedBatch:
-    """Pack token-id lists into a :class:`PackedBatch` (prompts left-padded, responses right-padded).
+def make_batch(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], pad_id: int,
+               device: torch.device | str = "cpu") -> PackedBatch:
+    """Pack token-id lists into a :class:`PackedBatch` (prompts left-padded, responses right-padded), its
+    tensors created on ``device`` (the device of the model that scores them).
 
     A prompt must have at least one token (the first response token is predicted from it); a response
     may be empty (its row is all-masked).
@@ -71,8 +75,8 @@ def make_batch(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Seque
         raise ValueError("a prompt has no token; every prompt needs >= 1 token to predict the response from")
     prompt_width = max(len(p) for p in prompt_ids)
     response_width = max(1, max(len(r) for r in response_ids))
-    prompts, prompt_mask = pad_rows(prompt_ids, prompt_width, pad_id, left=True)
-    responses, response_mask = pad_rows(response_ids, response_width, pad_id, left=False)
+    prompts, prompt_mask = pad_rows(prompt_ids, prompt_width, pad_id, left=True, device=device)
+    responses, response_mask = pad_rows(response_ids, response_width, pad_id, left=False, device=device)
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
     return PackedBatch(
         input_ids=torch.cat([prompts, responses], dim=1),

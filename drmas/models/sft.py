@@ -21,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from drmas.devices import autocast, check_precision
 from drmas.models.logprobs import batch_logprobs, make_batch
 
 logger = logging.getLogger(__name__)
@@ -56,6 +57,9 @@ class SFTConfig:
     """Seed of the batch order (the run is deterministic given it)."""
     log_every: int = 50
     """Log the mean loss every this many steps."""
+    precision: str = "fp32"
+    """Forward-pass precision (:data:`drmas.devices.PRECISIONS`): ``fp32`` or ``bf16`` autocast; the model
+    trains on the device it is on."""
 
     def __post_init__(self) -> None:
         if (self.steps is None) == (self.epochs is None):
@@ -70,6 +74,7 @@ class SFTConfig:
                              f"{self.warmup_steps}, {self.weight_decay}, {self.grad_clip}, {self.min_lr_ratio}")
         if self.schedule not in ("cosine", "linear", "constant"):
             raise ValueError(f"schedule={self.schedule!r}; use 'cosine', 'linear' or 'constant'")
+        check_precision(self.precision)
 
 
 def lr_factor(step: int, total: int, cfg: SFTConfig) -> float:
@@ -145,8 +150,9 @@ def sft_train(
         if not batches:
             batches = length_bucketed_batches(lengths, cfg.batch_size, rng)
         rows = batches.pop()
-        batch = make_batch([prompts[i] for i in rows], [targets[i] for i in rows], pad_id).to(device)
-        logprobs, _ = batch_logprobs(model, batch)
+        batch = make_batch([prompts[i] for i in rows], [targets[i] for i in rows], pad_id, device=device)
+        with autocast(device, cfg.precision):
+            logprobs, _ = batch_logprobs(model, batch)
         n_tokens = batch.response_mask.sum()
         loss = -logprobs.sum() / n_tokens
         optimizer.zero_grad(set_to_none=True)

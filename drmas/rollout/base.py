@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -72,6 +72,20 @@ class RolloutEngine(abc.ABC):
     def load_weights(self, state_dict: dict[str, torch.Tensor] | None) -> None:
         """Refresh the weights after an update. ``None``: the engine shares the trainer's module (nothing
         to copy); a state dict: copy it in (what a separate inference engine does once per step)."""
+
+
+def render_prompts(tokenizer: Any, prompts: Sequence[str], chat_template: bool,
+                   chat_template_kwargs: dict[str, Any] | None = None) -> list[str]:
+    """Prompts as the model sees them: raw text, or each wrapped as one user message in the tokenizer's
+    chat template with the generation prompt appended (reference: ``data.return_raw_chat=True``)."""
+    if not chat_template:
+        return list(prompts)
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("rollout.chat_template is on but the tokenizer has no chat template; turn it off for "
+                         "checkpoints without one (e.g. the tiny CPU models)")
+    kwargs = dict(chat_template_kwargs or {})
+    return [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                          add_generation_prompt=True, **kwargs) for p in prompts]
 
 
 def stop_positions(tokens: torch.Tensor, stop_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,5 +1,8 @@
 """Rollout with HuggingFace ``generate`` (the CPU default; works on GPU too).
 
+The engine generates on the device of its model; prompts are packed there directly, and ``precision``
+(``train.precision``) sets the autocast of the forward passes (``fp32``: none).
+
 Prompts are tokenized without special tokens, left-truncated to ``max_prompt_tokens``, sorted by length
 and generated in chunks of ``max_batch_size`` with left padding and the KV cache. Generation stops at
 the tokenizer's EOS or any EOS id of the model's generation config; those ids and the padding after
@@ -17,8 +20,10 @@ import logging
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from drmas.devices import autocast, check_precision
 from drmas.models.logprobs import pad_rows
-from drmas.rollout.base import Generation, RolloutEngine, SamplingParams, register_engine, stop_positions
+from drmas.rollout.base import (Generation, RolloutEngine, SamplingParams, register_engine, render_prompts,
+                                stop_positions)
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +45,9 @@ class HFRolloutEngine(RolloutEngine):
         tokenizer: PreTrainedTokenizerBase,
         max_batch_size: int = 256,
         max_prompt_tokens: int | None = None,
+        precision: str = "fp32",
+        chat_template: bool = False,
+        chat_template_kwargs: dict | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size} must be >= 1")
@@ -49,6 +57,8 @@ class HFRolloutEngine(RolloutEngine):
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.max_prompt_tokens = max_prompt_tokens
+        self.precision = check_precision(precision)
+        self.chat_template, self.chat_template_kwargs = chat_template, dict(chat_template_kwargs or {})
         self.num_truncated_prompts = 0  # prompts left-truncated so far (all calls)
         eos = {tokenizer.eos_token_id, *_as_list(model.generation_config.eos_token_id)} - {None}
         if not eos:
@@ -69,7 +79,7 @@ class HFRolloutEngine(RolloutEngine):
         was_training = self.model.training
         self.model.eval()
         try:
-            with _seeded(seed, device), torch.inference_mode():
+            with _seeded(seed, device), torch.inference_mode(), autocast(device, self.precision):
                 for start in range(0, len(order), self.max_batch_size):
                     rows = order[start:start + self.max_batch_size]
                     chunk_ids, chunk_cut = self._generate_chunk([prompt_ids[i] for i in rows], sampling, device)
@@ -81,7 +91,8 @@ class HFRolloutEngine(RolloutEngine):
         return Generation(prompt_ids=prompt_ids, response_ids=response_ids, texts=texts, truncated=truncated)
 
     def _tokenize(self, prompts: list[str]) -> list[list[int]]:
-        prompt_ids = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"] if prompts else []
+        texts = render_prompts(self.tokenizer, prompts, self.chat_template, self.chat_template_kwargs)
+        prompt_ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if prompts else []
         if any(len(ids) == 0 for ids in prompt_ids):
             raise ValueError("an empty prompt was passed; every prompt needs at least one token")
         limit = self.max_prompt_tokens
@@ -98,10 +109,10 @@ class HFRolloutEngine(RolloutEngine):
         self, prompt_ids: list[list[int]], sampling: SamplingParams, device: torch.device
     ) -> tuple[list[list[int]], list[bool]]:
         width = max(len(ids) for ids in prompt_ids)
-        input_ids, attention_mask = pad_rows(prompt_ids, width, self.pad_id, left=True)
+        input_ids, attention_mask = pad_rows(prompt_ids, width, self.pad_id, left=True, device=device)
         out = self.model.generate(
-            input_ids=input_ids.to(device),
-            attention_mask=attention_mask.to(device),
+            input_ids=input_ids,
+            attention_mask=attention_mask,
             **(dict(do_sample=False) if sampling.greedy else dict(
                 do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)),
             max_new_tokens=sampling.max_new_tokens,

@@ -28,7 +28,7 @@ from typing import Any, Literal, Protocol, Sequence
 
 import torch
 
-from drmas.rollout.base import Generation, RolloutEngine, SamplingParams, register_engine
+from drmas.rollout.base import Generation, RolloutEngine, SamplingParams, register_engine, render_prompts
 
 logger = logging.getLogger(__name__)
 
@@ -112,20 +112,6 @@ def generation_from_outputs(
     texts = [tokenizer.decode([t for t in ids if t not in stops], skip_special_tokens=True) for ids in response_ids]
     return Generation(prompt_ids=[list(p) for p in prompt_ids], response_ids=response_ids, texts=texts,
                       truncated=truncated)
-
-
-def render_prompts(tokenizer: Any, prompts: Sequence[str], chat_template: bool,
-                   chat_template_kwargs: dict[str, Any] | None = None) -> list[str]:
-    """Prompts as the model sees them: raw text, or each wrapped as one user message in the tokenizer's
-    chat template with the generation prompt appended (reference: ``data.return_raw_chat=True``)."""
-    if not chat_template:
-        return list(prompts)
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError("rollout.chat_template is on but the tokenizer has no chat template; turn it off for "
-                         "checkpoints without one (e.g. the tiny CPU models)")
-    kwargs = dict(chat_template_kwargs or {})
-    return [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                          add_generation_prompt=True, **kwargs) for p in prompts]
 
 
 # ---------------------------------------------------------------------------------------------- clients

@@ -6,8 +6,10 @@ pool). Both expose the same four operations, so the trainer does not know which 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any, Callable
 
+from drmas.devices import resolve_device
 from drmas.workers.policy import PolicyWorker, UpdateBatch, WorkerSpec
 
 logger = logging.getLogger(__name__)
@@ -75,8 +77,9 @@ def _get(key: str, ref: Any) -> Any:
 
 class RayBackend:
     """One Ray actor per worker group, all in one placement group (shared resource pool). On a CPU
-    machine each actor gets a fractional CPU bundle (2 cores hold several models); on GPUs a bundle
-    per model with ``num_gpus``. Updates of different worker groups run in parallel."""
+    machine each actor gets a fractional CPU bundle (2 cores hold several models); with ``train.device``
+    on CUDA, the worker groups share one GPU (a 1/n GPU bundle each; Ray makes that GPU the actor's
+    ``cuda``). Updates of different worker groups run in parallel."""
 
     def __init__(self, specs: dict[str, WorkerSpec], cpus_per_worker: float | None = None):
         import ray
@@ -88,11 +91,15 @@ class RayBackend:
                      configure_logging=False)
         total = float(ray.cluster_resources().get("CPU", 1.0))
         cpus = cpus_per_worker or max(0.1, min(1.0, total / max(len(specs), 1) * 0.9))
-        self.pg = placement_group([{"CPU": cpus} for _ in specs], strategy="PACK")
+        on_gpu = any(resolve_device(spec.device).type == "cuda" for spec in specs.values())
+        gpus = 1.0 / len(specs) if on_gpu else 0.0
+        if on_gpu:  # Ray hides the other GPUs from an actor: its share is its "cuda"
+            specs = {key: replace(spec, device="cuda") for key, spec in specs.items()}
+        self.pg = placement_group([{"CPU": cpus, **({"GPU": gpus} if gpus else {})} for _ in specs], strategy="PACK")
         ray.get(self.pg.ready(), timeout=120)
         actor_cls = ray.remote(PolicyWorker)
         self.specs = specs
-        self._new_actor = {key: actor_cls.options(num_cpus=cpus, scheduling_strategy=PlacementGroupSchedulingStrategy(
+        self._new_actor = {key: actor_cls.options(num_cpus=cpus, num_gpus=gpus, scheduling_strategy=PlacementGroupSchedulingStrategy(
             placement_group=self.pg, placement_group_bundle_index=i)).remote for i, key in enumerate(specs)}
         self.actors = {key: self._new_actor[key](spec) for key, spec in specs.items()}
         logger.info("ray backend: %d worker groups in one placement group (%.2f CPU each)", len(specs), cpus)

@@ -28,6 +28,7 @@ from drmas.checkpoints import MANIFEST_NAME, CheckpointDamaged, read_manifest, v
 from drmas.config import RunConfig, dump_config
 from drmas.io import atomic_write_json, atomic_write_text
 from drmas.locks import folder_lock
+from drmas.devices import describe, resolve_device
 from drmas.orchestra import make_orchestra
 from drmas.rollout.base import SamplingParams
 from drmas.trainer.backends import WorkerDied, make_backend
@@ -72,7 +73,7 @@ class Trainer:
         self.eval_slots = {k: replace(s, sampling=replace(s.sampling, temperature=ev.temperature, top_p=ev.top_p,
                                                           top_k=ev.top_k)) for k, s in self.slots.items()}
         specs = {key: WorkerSpec(key, m, cfg.effective_optim(key), cfg.algo, seed=cfg.train.seed + i,
-                                 threads=cfg.train.threads)
+                                 threads=cfg.train.threads, device=cfg.train.device, precision=cfg.train.precision)
                  for i, (key, m) in enumerate(cfg.models.items())}
         self.backend = make_backend(cfg.train.backend, specs)
         self.sink = MetricsSink(self.run_dir)
@@ -306,7 +307,7 @@ class Trainer:
             "seeds": {"train": self.cfg.train.seed},
             "versions": {"python": platform.python_version(), "torch": torch.__version__,
                          "transformers": transformers.__version__, "numpy": np.__version__},
-            "git_commit": _git_commit(), "argv": sys.argv,
+            "git_commit": _git_commit(), "argv": sys.argv, "device": describe(resolve_device(self.cfg.train.device)),
         }
         atomic_write_json(self.run_dir / "manifest.json", manifest, indent=2, default=str)
         atomic_write_text(self.run_dir / "config.yaml", dump_config(self.cfg))

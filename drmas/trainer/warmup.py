@@ -7,6 +7,9 @@ the agents mapped to it), each rendered with that role's own prompt (so RL sees 
 taught), and save it to ``path``. Models naming the same path share one SFT run: the CPU grid gives
 every agent of every setting one base checkpoint that knows all roles, as the paper starts every agent
 from the same pre-trained model.
+
+The SFT runs on ``train.device`` at ``train.precision`` (drmas/devices.py); the model is built on the CPU
+from its seed and then moved, so a checkpoint's initial weights do not depend on the device.
 """
 from __future__ import annotations
 
@@ -143,7 +146,8 @@ def _warmup_locked(cfg: RunConfig, progress: bool) -> dict[str, Any]:
         jobs.append(_SFTJob("+".join(keys), preset, path, str(tok_dir), examples,
                             build_record(preset, roles, sft.model_dump()),
                             SFTConfig(lr=sft.lr, steps=sft.steps, batch_size=sft.batch_size, seed=sft.seed,
-                                      warmup_steps=sft.warmup_steps), cfg.train.threads))
+                                      warmup_steps=sft.warmup_steps, precision=cfg.train.precision),
+                            cfg.train.threads, cfg.train.device))
     workers = min(len(jobs), os.cpu_count() or 1)
     if workers <= 1:
         return dict(_run_sft_job(job, progress) for job in jobs)
@@ -163,12 +167,14 @@ class _SFTJob:
     build: dict[str, Any]  # drmas.checkpoints.build_record, kept in the checkpoint's manifest
     sft: Any
     threads: int
+    device: str = "cpu"
 
 
 def _run_sft_job(job: _SFTJob, progress: bool) -> tuple[str, dict[str, Any]]:
     """Build, fine-tune and save one model (runs in a worker process when several models warm up)."""
     import torch
 
+    from drmas.devices import describe, resolve_device
     from drmas.models.factory import build_policy, count_parameters, save_policy
     from drmas.models.sft import sft_train
     from drmas.models.tokenizer import load_tokenizer
@@ -177,9 +183,10 @@ def _run_sft_job(job: _SFTJob, progress: bool) -> tuple[str, dict[str, Any]]:
         torch.set_num_threads(job.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     tokenizer = load_tokenizer(job.tokenizer_dir)
-    model = build_policy(job.preset, tokenizer, seed=job.sft.seed)
-    logger.info("SFT warm-up of %s (%s, %d params) on %d examples", job.key, job.preset, count_parameters(model),
-                len(job.examples))
+    device = resolve_device(job.device)
+    model = build_policy(job.preset, tokenizer, seed=job.sft.seed).to(device)
+    logger.info("SFT warm-up of %s (%s, %d params) on %d examples, on %s", job.key, job.preset,
+                count_parameters(model), len(job.examples), describe(device))
     metrics = sft_train(model, tokenizer, job.examples, job.sft, progress=progress)
     save_policy(model, tokenizer, job.path, built_by=job.build)  # atomic (temporary folder, then rename)
     return job.key, {**metrics, "examples": len(job.examples), "params": count_parameters(model)}

@@ -16,6 +16,11 @@ Update (paper Eq. 3), per RL step:
    otherwise clip to ``max_grad_norm`` and step.
 On-policy with one mini-batch, the old log-probs equal the current ones (ratio 1): they are taken from
 the same forward pass (detached) instead of a second pass.
+
+Device and precision (``train.device`` / ``train.precision``, drmas/devices.py): the policy, its reference
+model and its rollout engine live on ``WorkerSpec.device``; every batch is packed directly on that
+device; forward passes run under the precision's autocast. ``get_state`` returns CPU tensors, so a
+checkpoint loads on any device.
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ import torch
 
 from drmas.algos import AgentGradNorms, PolicyLossConfig, policy_loss
 from drmas.config import AlgoConfig, ModelConfig, OptimConfig
+from drmas.devices import autocast, resolve_device
 from drmas.models.logprobs import batch_logprobs, make_batch
 from drmas.rollout.base import Generation, SamplingParams, make_engine
 
@@ -57,6 +63,10 @@ class WorkerSpec:
     algo: AlgoConfig
     seed: int
     threads: int = 0
+    device: str = "cpu"
+    """``train.device``: auto, cpu, cuda or cuda:<i>, resolved in the worker's own process"""
+    precision: str = "fp32"
+    """``train.precision``: fp32 or bf16 (autocast of the forward passes)"""
 
 
 def _lr_lambda(warmup_steps: int):
@@ -74,19 +84,23 @@ class PolicyWorker:
         if spec.model.path is None or not Path(spec.model.path).exists():
             raise ValueError(f"model {spec.key!r}: path {spec.model.path!r} is not a checkpoint folder; run the "
                              "SFT warm-up first (`drmas sft`, or `drmas train` does it for a missing path)")
-        self.model, self.tokenizer = load_policy(spec.model.path)
+        self.device = resolve_device(spec.device)
+        self.model, self.tokenizer = load_policy(spec.model.path, device=self.device)
         self.model.train()
         o = spec.optim
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(o.warmup_steps))
-        self.engine = make_engine("hf", model=self.model, tokenizer=self.tokenizer)
+        r = spec.model.rollout  # prompt handling of real checkpoints (the tiny CPU models use the defaults)
+        self.engine = make_engine("hf", model=self.model, tokenizer=self.tokenizer, precision=spec.precision,
+                                  max_prompt_tokens=r.max_prompt_tokens, chat_template=r.chat_template,
+                                  chat_template_kwargs=r.chat_template_kwargs)
         self.loss_cfg = PolicyLossConfig(clip_low=spec.algo.clip_low, clip_high=spec.algo.clip_high,
                                          aggregation=spec.algo.aggregation, kl_coef=spec.algo.kl_coef,
                                          entropy_coef=spec.algo.entropy_coef)
         self.nonfinite_skips = 0
         self.ref_model = None
         if spec.algo.kl_coef > 0:
-            self.ref_model, _ = load_policy(spec.model.path)
+            self.ref_model, _ = load_policy(spec.model.path, device=self.device)
             self.ref_model.eval().requires_grad_(False)
 
     # ------------------------------------------------------------------------------------ rollout
@@ -102,10 +116,12 @@ class PolicyWorker:
 
     # ------------------------------------------------------------------------------------- update
     def _forward(self, rows: np.ndarray, batch: UpdateBatch, model: torch.nn.Module, with_entropy: bool):
-        packed = make_batch([batch.prompt_ids[i] for i in rows], [batch.response_ids[i] for i in rows], self.pad_id)
+        packed = make_batch([batch.prompt_ids[i] for i in rows], [batch.response_ids[i] for i in rows], self.pad_id,
+                            device=self.device)
         temperature = float(batch.temperature[rows[0]])  # rows of one agent share a temperature
-        logp, entropy = batch_logprobs(model, packed, temperature=temperature if temperature > 0 else 1.0,
-                                       with_entropy=with_entropy)
+        with autocast(self.device, self.spec.precision):
+            logp, entropy = batch_logprobs(model, packed, temperature=temperature if temperature > 0 else 1.0,
+                                           with_entropy=with_entropy)
         return packed, logp, entropy
 
     def update(self, batch: UpdateBatch, step_seed: int) -> dict[str, Any]:
@@ -137,7 +153,7 @@ class PolicyWorker:
                     if self.ref_model is not None:
                         with torch.no_grad():
                             _, ref, _ = self._forward(rows, batch, self.ref_model, with_entropy=False)
-                    adv = torch.as_tensor(batch.advantages[rows], dtype=logp.dtype)
+                    adv = torch.as_tensor(batch.advantages[rows], dtype=logp.dtype, device=logp.device)
                     loss, m = policy_loss(logp, old, adv, packed.response_mask, self.loss_cfg, ref_logprobs=ref,
                                           entropy=entropy)
                     share = (float(packed.response_mask.sum()) if agg == "token_mean" else len(rows)) / max(total, 1)
@@ -182,8 +198,10 @@ class PolicyWorker:
 
     # --------------------------------------------------------------------------------- checkpoints
     def get_state(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "nonfinite_skips": self.nonfinite_skips}
+        """Model, optimizer and scheduler states with every tensor on the CPU (a no-op for a CPU run), so a
+        checkpoint written on a GPU loads anywhere; ``set_state`` puts them back on this worker's device."""
+        return _on_cpu({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                        "scheduler": self.scheduler.state_dict(), "nonfinite_skips": self.nonfinite_skips})
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -207,7 +225,18 @@ def _by_length(rows: np.ndarray, batch: UpdateBatch) -> np.ndarray:
 
 
 def _pad_stack(rows: list[torch.Tensor], shape: torch.Size) -> torch.Tensor:
-    out = torch.zeros(shape)
+    out = torch.zeros(shape, device=rows[0].device)
     for j, r in enumerate(rows):
         out[j, : r.numel()] = r
     return out
+
+
+def _on_cpu(state: Any) -> Any:
+    """``state`` (nested dicts / lists of tensors and plain values) with every tensor moved to the CPU."""
+    if isinstance(state, torch.Tensor):
+        return state.cpu()
+    if isinstance(state, dict):
+        return {k: _on_cpu(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_on_cpu(v) for v in state)
+    return state
