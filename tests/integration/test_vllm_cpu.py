@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import time
 
 import numpy as np
@@ -34,6 +35,7 @@ from drmas.models.logprobs import batch_logprobs, make_batch
 from drmas.rollout import HFRolloutEngine, SamplingParams, make_engine
 from drmas.rollout.vllm_engine import VLLMRolloutEngine, prompt_seeds, vllm_sampling_kwargs
 from drmas.workers.policy import PolicyWorker, UpdateBatch, WorkerSpec
+from test_models_sft import copy_examples  # tests/ is on sys.path (tests/conftest.py)
 
 logger = logging.getLogger(__name__)
 pytestmark = pytest.mark.vllm
@@ -42,11 +44,6 @@ pytestmark = pytest.mark.vllm
 #: Measured on this checkpoint: see the log line of test_sampled_logprobs_match_the_trainer.
 LOGPROB_ATOL = 2e-5
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
-
-
-def copy_examples(n: int, rng: random.Random) -> list[tuple[str, str]]:
-    numbers = ("".join(rng.choice("0123456789") for _ in range(3)) for _ in range(n))
-    return [(f"copy {x} =", f" {x}") for x in numbers]
 
 
 @pytest.fixture(scope="module")
@@ -103,26 +100,34 @@ def test_greedy_equals_hf_token_for_token(engine, hf, prompts):
     assert engine.stop_ids == hf.stop_ids
 
 
-def test_sampled_logprobs_match_the_trainer(engine, hf, prompts):
-    """Tokens sampled at temperature 1 through the engine's client with vLLM's log-probs of them, against
-    the trainer's log-probs (drmas.models.logprobs) of the same tokens under the same weights."""
+def sampled_logprob_gaps(engine, model, pad_id: int, prompts: list[str], seed: int) -> np.ndarray:
+    """|vLLM's log-prob - the trainer's (drmas.models.logprobs)| of every token the engine samples at
+    temperature 1 for ``prompts``: the tokens come from the engine's client with vLLM's log-probs of them
+    (``logprobs=0``: the sampled token only), and ``model`` scores the same tokens."""
     sampling = SamplingParams(temperature=1.0, max_new_tokens=12)
     prompt_ids = engine.tokenize(prompts)
     params = [vllm_sampling_kwargs(sampling, s, engine.stop_ids) | {"logprobs": 0}
-              for s in prompt_seeds(3, len(prompts))]
+              for s in prompt_seeds(seed, len(prompts))]
     outs = engine.client.generate(prompt_ids, params)
     response_ids = [list(o.outputs[0].token_ids) for o in outs]
     # the engine's own call samples the same tokens (same per-prompt seeds), stop token kept
-    assert engine.generate(prompts, sampling, seed=3, keep_stop_token=True).response_ids == response_ids
+    assert engine.generate(prompts, sampling, seed=seed, keep_stop_token=True).response_ids == response_ids
     vllm_logp = [[lp[t].logprob for t, lp in zip(ids, o.outputs[0].logprobs)] for ids, o in zip(response_ids, outs)]
-    batch = make_batch(prompt_ids, response_ids, hf.pad_id)
+    training = model.training
+    model.eval()
     with torch.no_grad():
-        trainer_logp, _ = batch_logprobs(hf.model.eval(), batch)
-    diffs = np.concatenate([np.abs(np.array(v) - trainer_logp[i, :len(v)].numpy()) for i, v in enumerate(vllm_logp)])
+        trainer_logp, _ = batch_logprobs(model, make_batch(prompt_ids, response_ids, pad_id))
+    model.train(training)
+    gaps = np.concatenate([np.abs(np.array(v) - trainer_logp[i, :len(v)].numpy()) for i, v in enumerate(vllm_logp)])
+    assert gaps.size == sum(map(len, response_ids)) > len(prompts)
+    return gaps
+
+
+def test_sampled_logprobs_match_the_trainer(engine, hf, prompts):
+    gaps = sampled_logprob_gaps(engine, hf.model, hf.pad_id, prompts, seed=3)
     logger.info("sampled-token log-probs, vLLM vs trainer: %d tokens, max |diff| %.2e, mean %.2e",
-                diffs.size, diffs.max(), diffs.mean())
-    assert diffs.size == sum(map(len, response_ids)) > len(prompts)
-    assert diffs.max() < LOGPROB_ATOL
+                gaps.size, gaps.max(), gaps.mean())
+    assert gaps.max() < LOGPROB_ATOL
 
 
 def test_max_tokens_and_truncation_flags_match_hf(engine, hf, prompts):
@@ -172,15 +177,23 @@ def test_prompt_truncation_matches_hf(engine, hf, prompts):
     assert short_vllm.num_truncated_prompts > 0 and all(len(p) <= 3 for p in got.prompt_ids)
 
 
+def copy_reward(prompt: str, text: str) -> float:
+    """1 for a correct copy (``copy 123 =`` -> `` 123``), else 0 (off-task prompts always 0)."""
+    match = re.fullmatch(r"copy (\d{3}) =", prompt)
+    return float(match is not None and text.strip() == match.group(1))
+
+
 def test_weight_sync_after_policy_updates(engine, hf, checkpoint, prompts, monkeypatch):
-    """Two RL steps with the real trainer: rollout through vLLM, one update of the worker group (PPO-clip,
-    AdamW), then the new weights into the engine, once per step. After each sync the engine's greedy
-    outputs equal the updated HF model's and differ from the previous ones; before it, they do not move."""
+    """Two RL steps with the real trainer: rollout through vLLM, copy rewards, GRPO-style advantages, one
+    update of the worker group (PPO-clip, AdamW), then the new weights into the engine, once per step.
+    After each sync the engine's greedy outputs equal the updated HF model's token for token and differ from
+    the previous ones, and its log-probs are the updated model's; before the sync, neither has moved."""
     llm = engine.client.llm
     rpc_calls: list[str] = []
     real_rpc = llm.collective_rpc
     monkeypatch.setattr(llm, "collective_rpc", lambda method, *a, **kw: rpc_calls.append(method) or real_rpc(
         method, *a, **kw))
+    # lr 1e-3: each step changes a few greedy outputs (measured: 1 of 14 per step), the rest stay
     worker = PolicyWorker(WorkerSpec("wg", ModelConfig(path=str(checkpoint)), OptimConfig(lr=1e-3, micro_batch_size=8),
                                      AlgoConfig(), seed=0))
     version = engine.weight_version
@@ -190,18 +203,20 @@ def test_weight_sync_after_policy_updates(engine, hf, checkpoint, prompts, monke
         for step in range(2):
             rollout = engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=8), seed=step,
                                       keep_stop_token=True)
-            reward = np.array([len(ids) for ids in rollout.response_ids], dtype=np.float64)  # any real signal
-            assert reward.std() > 0
-            batch = UpdateBatch(rollout.prompt_ids, rollout.response_ids, (reward - reward.mean()) / reward.std(),
+            reward = np.array([copy_reward(p, t) for p, t in zip(prompts, rollout.texts)])
+            assert 0 < reward.mean() < 1, "the rollout needs rewards that differ"
+            batch = UpdateBatch(rollout.prompt_ids, rollout.response_ids, reward - reward.mean(),
                                 np.array(["solver"] * len(prompts)), np.ones(len(prompts)))
             worker.update(batch, step_seed=step)
             updated = worker.engine.generate(prompts, GREEDY)  # the trainer's own (HF) view of the new policy
-            assert updated.response_ids != before.response_ids, "one update should change some greedy output"
+            assert updated.response_ids != before.response_ids, "the update should change some greedy output"
             same_generation(engine.generate(prompts, GREEDY), before)  # not synced yet: the old policy
+            assert sampled_logprob_gaps(engine, worker.model, hf.pad_id, prompts, seed=step).max() > 100 * LOGPROB_ATOL
             engine.load_weights(worker.model.state_dict())
             assert rpc_calls.count("drmas_load_weights") == step + 1 and engine.weight_version == version + step + 1
             synced = engine.generate(prompts, GREEDY)
             same_generation(synced, updated)
+            assert sampled_logprob_gaps(engine, worker.model, hf.pad_id, prompts, seed=step).max() < LOGPROB_ATOL
             before = synced
     finally:
         engine.load_weights(load_policy(checkpoint)[0].state_dict())
