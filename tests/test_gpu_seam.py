@@ -104,7 +104,7 @@ def test_truncation_left_and_middle():
 def test_sampling_params_translate_per_call():
     a = vllm_sampling_kwargs(SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=4096), seed=7)
     assert a == dict(n=1, temperature=1.0, top_p=1.0, top_k=-1, max_tokens=4096, min_tokens=0, seed=7,
-                     skip_special_tokens=True, logprobs=None)
+                     stop_token_ids=[], skip_special_tokens=True, logprobs=None)
     b = vllm_sampling_kwargs(SamplingParams(temperature=0.6, top_p=0.95, top_k=20, max_new_tokens=800), seed=None)
     assert (b["temperature"], b["top_p"], b["top_k"], b["max_tokens"], b["seed"]) == (0.6, 0.95, 20, 800, None)
     assert prompt_seeds(3, 3) == [3 * 1_000_003, 3 * 1_000_003 + 1, 3 * 1_000_003 + 2]
@@ -139,6 +139,7 @@ def test_engine_generates_with_each_agents_sampling_and_refreshes_once(tokenizer
     assert [p["max_tokens"] for p in params1] == [40, 40] and params2[0]["max_tokens"] == 24
     assert params2[0]["temperature"] == 0.6 and params2[0]["top_p"] == 0.95
     assert [p["seed"] for p in params1] == prompt_seeds(1, 2)
+    assert all(p["stop_token_ids"] == [eos] for p in params1 + params2)  # vLLM stops where the engine strips
     assert all(len(ids) <= 4 for ids in p1) and g1.prompt_ids == p1  # truncated to max_prompt_tokens
     assert engine.num_truncated_prompts >= 1
     assert g1.response_ids[0][-1] != eos and g1.texts[0] == "approve"
@@ -148,6 +149,25 @@ def test_engine_generates_with_each_agents_sampling_and_refreshes_once(tokenizer
     assert engine.weight_version == 1 and client.loaded == [None]
     with pytest.raises(ValueError, match="empty prompt"):
         engine.generate([""], solver)
+
+
+def test_engine_stops_at_the_generation_config_eos_ids(tmp_path, tokenizer):
+    """A checkpoint whose generation config lists several EOS ids (Qwen3, Llama 3): the backend's engine
+    strips each of them, keeps the one emitted under keep_stop_token, and asks vLLM to stop at all."""
+    from transformers import GenerationConfig
+
+    from drmas.models.tokenizer import save_tokenizer
+
+    eos, other = tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("a")
+    save_tokenizer(tokenizer, tmp_path)
+    GenerationConfig(eos_token_id=[other, eos]).save_pretrained(tmp_path)
+    client = FakeClient([5, other])
+    engine = backend_mod.group_engine(client, _settings(path=str(tmp_path)))
+    assert engine.stop_ids == sorted({eos, other})
+    assert engine.generate(["search"], SamplingParams(max_new_tokens=4)).response_ids == [[5]]
+    assert engine.generate(["search"], SamplingParams(max_new_tokens=4), keep_stop_token=True).response_ids == [
+        [5, other]]  # not [5, other, eos]: the trained ids end with the token the model emitted
+    assert client.calls[0][1][0]["stop_token_ids"] == sorted({eos, other})
 
 
 def test_weight_loader_extension_round_trip():
@@ -163,6 +183,24 @@ def test_weight_loader_extension_round_trip():
     worker.model_runner.reload_weights = lambda weights_iterator, is_checkpoint_format: reloaded.update(weights_iterator)
     worker.drmas_load_weights(pack_state_dict(state))  # recent vLLM: the runner's in-place reload
     assert reloaded.keys() == state.keys() and all(torch.equal(reloaded[k], state[k]) for k in state)
+
+
+def test_local_client_wakes_before_it_is_used():
+    """vLLM must be awake before it is used again: generating or loading weights after sleep wakes it first
+    (asleep on a GPU, the weights are offloaded and a reload would write where they are not)."""
+    from drmas.rollout.vllm_engine import LocalVLLMClient
+
+    calls: list[str] = []
+    llm = SimpleNamespace(sleep=lambda level: calls.append(f"sleep{level}"), wake_up=lambda: calls.append("wake_up"),
+                          collective_rpc=lambda method, args: calls.append(method),
+                          reset_prefix_cache=lambda: calls.append("reset_prefix_cache"))
+    client = LocalVLLMClient(llm=llm)
+    client.sleep()
+    client.sleep()  # already asleep: nothing to do
+    client.load_weights({"w": torch.zeros(1)})
+    client.load_weights(None)
+    assert calls == ["sleep1", "wake_up", "drmas_load_weights", "reset_prefix_cache", "reset_prefix_cache"]
+    assert not client.sleeping
 
 
 def test_chat_template_rendering(tokenizer):

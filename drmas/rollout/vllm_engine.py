@@ -55,12 +55,14 @@ def truncate_prompt(ids: Sequence[int], limit: int | None, side: Truncation = "l
     raise ValueError(f"truncation={side!r}; use 'left' or 'middle'")
 
 
-def vllm_sampling_kwargs(sampling: SamplingParams, seed: int | None) -> dict[str, Any]:
+def vllm_sampling_kwargs(sampling: SamplingParams, seed: int | None, stop_ids: Sequence[int] = ()) -> dict[str, Any]:
     """Keyword arguments of ``vllm.SamplingParams`` equivalent to ``sampling`` (one response per prompt).
 
     drmas's ``top_k=0`` (off) is vLLM's ``-1``; greedy decoding is temperature 0 in both. Every other
     vLLM logits processor stays at its neutral default, because PPO scores the responses with the plain
-    tempered softmax. ``min_tokens=0``: a response may stop at once, as with the HF engine."""
+    tempered softmax. ``min_tokens=0``: a response may stop at once, as with the HF engine. ``stop_ids``
+    (the engine's stop tokens) become ``stop_token_ids``: vLLM stops at every id the engine strips, also
+    one that is neither the tokenizer's EOS nor in the generation config vLLM read."""
     return dict(
         n=1,
         temperature=float(sampling.temperature),
@@ -69,6 +71,7 @@ def vllm_sampling_kwargs(sampling: SamplingParams, seed: int | None) -> dict[str
         max_tokens=int(sampling.max_new_tokens),
         min_tokens=0,
         seed=seed,
+        stop_token_ids=[int(i) for i in stop_ids],
         skip_special_tokens=True,
         logprobs=None,
     )
@@ -166,13 +169,12 @@ class LocalVLLMClient:
         import vllm
         from vllm.inputs import TokensPrompt
 
-        if self.sleeping:
-            self.llm.wake_up()
-            self.sleeping = False
+        self.wake()
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
         return list(self.llm.generate(prompts, [vllm.SamplingParams(**p) for p in params], use_tqdm=False))
 
     def load_weights(self, state_dict: dict[str, torch.Tensor] | None) -> None:
+        self.wake()  # asleep, the weights are offloaded: a reload would write where they are not
         if state_dict is not None:
             self.llm.collective_rpc("drmas_load_weights", args=(pack_state_dict(state_dict),))
         self.llm.reset_prefix_cache()
@@ -182,6 +184,12 @@ class LocalVLLMClient:
         if not self.sleeping:
             self.llm.sleep(level=1)
             self.sleeping = True
+
+    def wake(self) -> None:
+        """Undo :meth:`sleep` (vLLM must be awake before it is used again)."""
+        if self.sleeping:
+            self.llm.wake_up()
+            self.sleeping = False
 
 
 # ----------------------------------------------------------------------------------------------- engine
@@ -229,7 +237,7 @@ class VLLMRolloutEngine(RolloutEngine):
         if not prompts:
             return Generation([], [], [], [])
         prompt_ids = self.tokenize(prompts)
-        params = [vllm_sampling_kwargs(sampling, s) for s in prompt_seeds(seed, len(prompt_ids))]
+        params = [vllm_sampling_kwargs(sampling, s, self.stop_ids) for s in prompt_seeds(seed, len(prompt_ids))]
         outputs = self.client.generate(prompt_ids, params)
         return generation_from_outputs(prompt_ids, outputs, self.stop_ids, self.tokenizer, keep_stop_token)
 
@@ -265,13 +273,14 @@ def launch_vllm_engine(
                              enable_prefix_caching=enable_prefix_caching)
     if tokenizer is None:
         tokenizer = client.llm.get_tokenizer()
-    stop_ids = _generation_config_eos(model)
+    stop_ids = generation_config_eos(model)
     return VLLMRolloutEngine(client, tokenizer, max_prompt_tokens=max_prompt_tokens, truncation=truncation,
                              chat_template=chat_template, chat_template_kwargs=chat_template_kwargs, stop_ids=stop_ids)
 
 
-def _generation_config_eos(model: str) -> list[int]:
-    """EOS ids of the checkpoint's ``generation_config.json`` (vLLM stops at them too), if it has one."""
+def generation_config_eos(model: str) -> list[int]:
+    """EOS ids of the checkpoint's ``generation_config.json`` (vLLM stops at them too, as the HF engine
+    does), if it has one: the engine's stop ids besides the tokenizer's EOS."""
     try:
         from transformers import GenerationConfig
 

@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from drmas.rollout.base import Generation, SamplingParams
-from drmas.rollout.vllm_engine import VLLMRolloutEngine
+from drmas.rollout.vllm_engine import VLLMRolloutEngine, generation_config_eos
 from drmas.trainer import openrlhf_seam as seam
 from drmas.trainer.backends import WorkerDied
 from drmas.workers.policy import UpdateBatch, WorkerSpec
@@ -228,6 +228,14 @@ def launch_engines(pg: Any, placement: seam.GroupPlacement, s: seam.GroupSetting
     return engines
 
 
+def group_engine(client: RayEnginesClient, s: seam.GroupSettings) -> VLLMRolloutEngine:
+    """The worker group's rollout engine over its Ray engines. Its stop ids are the tokenizer's EOS and the
+    checkpoint's generation-config EOS ids, as the HF engine's (Qwen3, Llama 3 list several): the vLLM
+    actors stop at all of them, and a response must end with the stop token the model emitted."""
+    return VLLMRolloutEngine(client, _load_tokenizer(s.path), s.max_prompt_tokens, s.truncation, s.chat_template,
+                             s.chat_template_kwargs, stop_ids=generation_config_eos(s.path))
+
+
 class _Generator:
     """What the orchestra calls: the group's :class:`VLLMRolloutEngine`, keeping the emitted stop token."""
 
@@ -263,9 +271,7 @@ class OpenRLHFBackend:
             mem = s.gpu_memory_utilization or self.plan.gpu_memory_utilization
             handles = launch_engines(self.pg, self.plan.groups[key], s, self.plan.gpu_fraction, mem)
             self.clients[key] = RayEnginesClient(handles, s.enable_sleep, key=key)
-            tokenizer = _load_tokenizer(s.path)
-            self.engines[key] = VLLMRolloutEngine(self.clients[key], tokenizer, s.max_prompt_tokens, s.truncation,
-                                                  s.chat_template, s.chat_template_kwargs)
+            self.engines[key] = group_engine(self.clients[key], s)
         for client in self.clients.values():
             client.sleep()
         group_cls = seam.openrlhf_attr("RayActorGroup")
