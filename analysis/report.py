@@ -141,7 +141,14 @@ def claim_lemma(an: Analysis) -> Claim:
     main = _main_grid_factors(p)
     if len(an.mechanism):
         v = mechanism_verdict(an.mechanism, "trajectory_grpo")
-        return Claim("a", title, paper, _mechanism_text(v, an.mechanism) + "; main grid: " + main, v.verdict)
+        text = _mechanism_text(v, an.mechanism)
+        pooled = mechanism_verdict(an.mechanism, "pooled_grpo")
+        if pooled.n_points:
+            text += (f". Pooled step-level GRPO (the other global baseline): largest mean factor {pooled.factor_max_mean:.2f} "
+                     f"(step max {pooled.factor_max_step:.2f}); rho(factor, grad-norm ratio) = {pooled.rho:.2f} (p = "
+                     f"{pooled.p:.2g}); rho(factor, E_k[A²] ratio) = {pooled.rho_a2:.2f} (p = {pooled.p_a2:.2g}); the same rule "
+                     f"would say: {pooled.verdict}")
+        return Claim("a", title, paper, text + "; main grid: " + main, v.verdict)
     if p.empty:
         return Claim("a", title, paper, "no GRPO / Dr. MAS pair", NOT_RUN)
     rho, pv = spearman(p["factor_mean_grpo"], p["ratio_mean"])

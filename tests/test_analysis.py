@@ -387,6 +387,7 @@ def test_report_decides_claim_a_on_the_sweep(grid, tmp_path):
     text = make_report(grid, out, figs, n_boot=100, mechanism=mech).read_text()
     claims = pd.read_csv(out / "tables" / "claims.csv").set_index("key")
     assert claims.loc["a", "verdict"] == "reproduced" and "sweep over miss rate" in claims.loc["a", "ours"]
+    assert "Pooled step-level GRPO" in claims.loc["a", "ours"]
     assert "main grid: math: largest mean factor under GRPO" in claims.loc["a", "ours"]
     assert "--mechanism" in text and (figs / "mechanism.png").stat().st_size > 0
     assert (out / "tables" / "mechanism.md").stat().st_size > 0
