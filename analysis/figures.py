@@ -291,7 +291,7 @@ def fig_mechanism(points: pd.DataFrame) -> Figure | None:
             ax.scatter(g["factor"], g[col], marker=marker, facecolors=face, edgecolors=color, s=28, zorder=3)
     top = max(float(points["factor"].max()), 1.5) * 1.15
     x = np.linspace(0.05, top, 200)
-    ax_n.plot(x, np.sqrt(x), "k--", lw=1, label="Lemma 4.2: √factor")
+    (prediction,) = ax_n.plot(x, np.sqrt(x), "k--", lw=1, label="Lemma 4.2: √factor")
     ax_a.plot(x, x, "k--", lw=1, label="Lemma 4.2: factor")
     for ax, title in ((ax_n, "grad-norm ratio (mean over steps)"), (ax_a, "E_k[A²] ratio")):
         ax.axhline(1.0, color="0.6", lw=0.8)
@@ -302,7 +302,7 @@ def fig_mechanism(points: pd.DataFrame) -> Figure | None:
     handles = [ax_n.scatter([], [], color=cmap[i], marker="o", s=28, label=f"miss rate {lv:g}") for i, lv in enumerate(levels)]
     handles += [ax_n.scatter([], [], color="0.3", marker=AGENT_MARKERS[i % len(AGENT_MARKERS)], s=28, label=a)
                 for i, a in enumerate(agents)]
-    ax_n.legend(handles=handles + ax_n.get_lines()[-1:], fontsize=7, loc="upper left")
+    ax_n.legend(handles=[*handles, prediction], fontsize=7, loc="upper left")
     ax_a.legend(fontsize=7, loc="upper left")
     fig.suptitle("Mechanism sweep (search): filled = trajectory GRPO, open = pooled step-level GRPO", fontsize=10)
     fig.tight_layout()
