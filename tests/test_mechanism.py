@@ -192,3 +192,25 @@ def test_probe_runs_on_the_shipped_search_base(tmp_path):
     assert abs(sum(result["outcomes"][c] for c in OUTCOMES) - 1) < 1e-6
     assert all(v["mean"] >= 0 and v["max"] >= v["mean"] for v in result["factors"].values())
     assert all(v["mean"] is None or v["mean"] > 0 for v in result["answer_grad_norm"].values())
+
+
+def test_a_thinking_verifier_states_the_need_then_the_fact_or_its_absence(kb, retriever):
+    from drmas.agents.roles import parse_verdict
+
+    tasks = generated.generate_tasks(kb, 200, seed=1)
+    noise = generated.TraceNoise(miss_rate=0.5, verdict_noise=0.0, verifier_think=True, max_turns=4, seed=0)
+    recs = generated.build_traces(tasks, retriever, noise=noise)
+    plain = generated.build_traces(tasks, retriever, noise=generated.TraceNoise(miss_rate=0.5, max_turns=4, seed=0))
+    assert [r["role"] for r in recs] == [r["role"] for r in plain]  # the same episodes, only the targets differ
+    task_of = {t.task_id: t for t in tasks}
+    verdicts = [r for r in recs if r["role"] == "verifier"]
+    assert {"yes", "no"} == {parse_verdict(r["target"], ("yes", "no")).action for r in verdicts}
+    for r in verdicts:
+        t = task_of[r["task"]["task_id"]]
+        think = r["target"][len("<think>"):r["target"].index("</think>")]
+        assert r["target"].startswith("<think>") and "I need to find" in think
+        if parse_verdict(r["target"], ("yes", "no")).action == "yes":
+            hop = t.meta["hops"][-1]
+            assert think.endswith(generated.RELATIONS[hop["relation"]][0].format(s=hop["subject"], o=hop["answer"]))
+        else:
+            assert think.endswith("It is not in the passages.")

@@ -161,9 +161,9 @@ class SearchGenerated(TaskSource):
 
         if not 0.0 <= miss_rate < 1.0:
             raise ValueError(f"env.args.miss_rate must be in [0, 1), got {miss_rate}")
-        unknown = sorted(set(traces or {}) - {"miss_rate", "verdict_noise"})
+        unknown = sorted(set(traces or {}) - {"miss_rate", "verdict_noise", "verifier_think"})
         if unknown:
-            raise ValueError(f"env.args.traces: unknown keys {unknown}; allowed: miss_rate, verdict_noise")
+            raise ValueError(f"env.args.traces: unknown keys {unknown}; allowed: miss_rate, verdict_noise, verifier_think")
         self.trace_noise = TraceNoise(**(traces or {}), max_turns=max_turns)
         self.miss_rate = miss_rate
         self.kb = generate_kb(KBConfig(**(kb or {})))

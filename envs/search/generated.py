@@ -210,6 +210,10 @@ class TraceNoise:
 
     miss_rate: float = 0.0
     verdict_noise: float = 0.0
+    verifier_think: bool = False
+    """The Verifier restates what the question still needs, then either the fact that answers it or "It is
+    not in the passages.", before its verdict (``<think>…</think><verify>…</verify>``), as the Search and
+    Answer agents think before acting; False: the bare verdict."""
     max_turns: int = 4
     seed: int = 0
 
@@ -254,13 +258,21 @@ def role_traces(task: Task, hop_hits: Sequence[Sequence[dict[str, Any]]],
                    "step": len(history), "teammates": dict(teammates or {})}
         records.append({"role": role, "task": _task_dict(task), "context": context, "target": target})
 
+    def need(h: int) -> str:  # what the history still lacks, as the Search agent thinks it
+        wanted = RELATIONS[hops[h]["relation"]][2].format(s=hops[h]["subject"])
+        return f"I need to find {wanted}." if h == 0 else f"{_fact(hops[h - 1])} Now I need to find {wanted}."
+
     for turn in range(noise.max_turns):
         h = next((i for i, hop in enumerate(hops) if hop["passage_id"] not in seen), len(hops))
         enough = h == len(hops)
         flipped = rng.random() < noise.verdict_noise
         say_yes = enough != flipped
         verdict = f"<verify>{'yes' if say_yes else 'no'}</verify>"
-        record("verifier", verdict)
+        if noise.verifier_think:
+            evidence = f"{need(len(hops) - 1)} {_fact(hops[-1])}" if enough else f"{need(h)} It is not in the passages."
+            record("verifier", f"<think>{evidence}</think>{verdict}")
+        else:
+            record("verifier", verdict)
         if flipped:
             return records  # nothing else is taught to act on a wrong verdict
         if enough:
@@ -271,9 +283,7 @@ def role_traces(task: Task, hop_hits: Sequence[Sequence[dict[str, Any]]],
         if turn == noise.max_turns - 1:
             return records  # budget used up: the episode ends unanswered (reward 0)
         hop = hops[h]
-        need = RELATIONS[hop["relation"]][2].format(s=hop["subject"])
-        think = f"I need to find {need}." if h == 0 else f"{_fact(hops[h - 1])} Now I need to find {need}."
-        search = f"<think>{think}</think><search>{hop['query']}</search>"
+        search = f"<think>{need(h)}</think><search>{hop['query']}</search>"
         record("search", search, {"verifier": verdict})
         record("single_agent", search)
         hits = hop_misses[h] if noise.miss_rate > 0 and rng.random() < noise.miss_rate else hop_hits[h]
