@@ -41,10 +41,13 @@ from envs.search.server import ServerLimits  # noqa: E402
 logger = logging.getLogger("load_test_server")
 
 
-def start_server(corpus: str, backend: str, startup_timeout_s: float = 120.0) -> tuple[subprocess.Popen, str]:
-    """A retrieval server subprocess on a free loopback port; returns (process, url)."""
+def start_server(corpus: str, backend: str, startup_timeout_s: float = 120.0,
+                 extra_args: Sequence[str] = ()) -> tuple[subprocess.Popen, str]:
+    """A retrieval server subprocess on a free loopback port (``extra_args``: more server flags); returns
+    (process, url)."""
     proc = subprocess.Popen([sys.executable, "-m", "envs.search.server", "--corpus", corpus, "--backend", backend,
-                             "--port", "0", "--log-level", "warning"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+                             "--port", "0", "--log-level", "warning", *extra_args], cwd=ROOT, stdout=subprocess.PIPE,
+                            text=True)
     ready, _, _ = select.select([proc.stdout], [], [], startup_timeout_s)  # the server prints its address first
     line = proc.stdout.readline() if ready and proc.stdout else ""
     if not line.startswith("RETRIEVAL_SERVER_URL="):

@@ -225,6 +225,19 @@ def test_prepare_generated_serves_the_kb_of_a_run_config(tmp_path, monkeypatch):
         parser.parse_args(["--gen-kb", "{n_persons: 3}"])
 
 
+@pytest.mark.parametrize("text", ["{n_people: [", "{n_people: 3", "n_people: 3: 4", "[\t"])
+def test_gen_kb_with_malformed_yaml_is_one_usage_error(capsys, text):
+    """Malformed YAML after `--gen-kb` is a usage error naming the flag and what to write, exit 2 (it used to
+    be a yaml ScannerError/ParserError traceback)."""
+    parser = argparse.ArgumentParser(prog="prepare")
+    prepare.add_arguments(parser)
+    with pytest.raises(SystemExit) as info:
+        parser.parse_args(["--gen-kb", text])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "Traceback" not in err
+    assert "argument --gen-kb: --gen-kb is not valid YAML (" in err and "'{n_people: 500}'" in err
+
+
 @pytest.mark.data
 def test_prepare_shared_task_files(shared_data, tmp_path):
     parser = argparse.ArgumentParser()

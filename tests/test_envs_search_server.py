@@ -150,6 +150,87 @@ def test_topk_above_max_topk_names_the_real_flag(capsys):
     assert "--topk 500 exceeds --max-topk 100; lower --topk or raise --max-topk" in capsys.readouterr().err
 
 
+def test_an_answer_over_max_response_bytes_is_refused_with_413(kb, tmp_path):
+    """The encoded answer is capped per request: one byte over ``max_response_bytes`` is a 413 naming the
+    limit (from the passages' lengths before encoding when they alone exceed it), exactly at it the answer."""
+    retriever = build_retriever(kb.corpus(), "bm25", cache_root=tmp_path)
+    queries = ["born in", "company founded"]
+    for return_scores in (True, False):
+        request = {"queries": queries, "topk": 10, "return_scores": return_scores}
+        with ServerThread(create_app(retriever, LIMITS)) as url:
+            full = requests.post(f"{url}/retrieve", json=request, timeout=10)
+        assert full.status_code == 200 and len(full.json()["result"]) == 2
+        size = len(full.content)
+        from envs.search.server import answer_size_lower_bound
+
+        bound = answer_size_lower_bound(retriever.retrieve(queries, 10).results, return_scores)
+        assert bound < size
+        for limit, status, detail in [(size, 200, None), (size - 1, 413, f"is {size} bytes; the limit is {size - 1}"),
+                                      (bound - 1, 413, f"is over {bound} bytes; the limit is {bound - 1}")]:
+            limits = ServerLimits(**{**LIMITS.__dict__, "max_response_bytes": limit})
+            with ServerThread(create_app(retriever, limits)) as url:
+                resp = requests.post(f"{url}/retrieve", json=request, timeout=10)
+            assert resp.status_code == status
+            if detail is None:
+                assert resp.content == full.content
+            else:
+                assert detail in resp.json()["detail"] and "max_response_bytes" in resp.json()["detail"]
+
+
+@pytest.mark.slow
+def test_the_server_hands_back_the_memory_of_large_requests(tmp_path):
+    """16 legal requests of 4,000 results each (~12 MB answers) from 8 threads raise the server's RSS by
+    over 30 MiB; a second after the last answer it is back within 25 MiB of where it started (issue 17:
+    32 maximum-size requests took it from 172 MB to 980 MB and it kept 907 MB). Fails without
+    ``release_memory`` after large requests and one malloc arena (``--malloc-arenas``)."""
+    import numpy as np
+    import psutil
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(3000)]
+    passages = [{"id": f"p{i}", "title": f"T{i}", "text": " ".join(rng.choice(words, 500))} for i in range(300)]
+    corpus = write_jsonl(passages, tmp_path / "corpus.jsonl")
+    env = {**os.environ, "DRMAS_DATA_DIR": str(tmp_path / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "envs.search.server", "--corpus", str(corpus), "--backend", "bm25",
+                             "--port", "0", "--log-level", "warning"], cwd=REPO_ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("RETRIEVAL_SERVER_URL="), line
+        url = line.strip().split("=", 1)[1]
+        server = psutil.Process(proc.pid)
+        limits = ServerLimits()
+        n = limits.max_hits // limits.max_topk  # 40 queries x topk 100: the most results a request may ask
+        queries = [" ".join(rng.choice(words, 600))[:limits.max_query_chars] for _ in range(n)]
+        body = json.dumps({"queries": queries, "topk": limits.max_topk, "return_scores": True}).encode()
+        assert requests.post(f"{url}/retrieve", json={"query": "w1"}, timeout=30).status_code == 200
+        time.sleep(0.5)
+        before = peak = server.memory_info().rss
+        done = threading.Event()
+
+        def sample() -> None:
+            nonlocal peak
+            while not done.wait(0.02):
+                peak = max(peak, server.memory_info().rss)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda _: requests.post(f"{url}/retrieve", data=body, timeout=300), range(16)))
+        time.sleep(1.0)
+        done.set()
+        sampler.join()
+        after = server.memory_info().rss
+        assert [a.status_code for a in answers] == [200] * 16 and len(answers[0].content) > 8 << 20
+        mib = 1 << 20
+        assert peak - before > 30 * mib, (before / mib, peak / mib, after / mib)
+        assert after - before < 25 * mib, (before / mib, peak / mib, after / mib)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 def test_env_over_http(server, kb):
     url, _ = server
     task = generate_tasks(kb, 1, hops=(1,), seed=4)[0]

@@ -51,8 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _kb_fields(text: str) -> dict[str, Any]:
     """``--gen-kb``: a YAML mapping whose keys are KBConfig fields."""
-    value = yaml.safe_load(text)
     known = {f.name for f in dataclasses.fields(generated.KBConfig)} - {"seed"}
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as e:  # argparse turns only ArgumentTypeError/TypeError/ValueError into a usage error
+        problem = " ".join(str(getattr(e, "problem", "") or e).split())
+        raise argparse.ArgumentTypeError(f"--gen-kb is not valid YAML ({problem}); write a mapping of "
+                                         f"{sorted(known)}, e.g. '{{n_people: 500}}'") from None
     if not isinstance(value, dict) or set(value) - known:
         raise argparse.ArgumentTypeError(f"--gen-kb wants a mapping of {sorted(known)} (seed: --gen-seed), got {text!r}")
     return value

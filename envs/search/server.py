@@ -12,15 +12,22 @@ Endpoints:
 
 Bad requests get a 4xx with ``{"detail": "<what is wrong and the limit>"}``: 400 malformed JSON or JSON
 nested deeper than ``max_json_depth``, 408 a body not sent within ``body_timeout_s``, 413 body/batch/query
-too large or more than ``max_hits`` results (queries x topk: this bounds the answer and the memory a
-request needs), 422 wrong field types or topk out of range. Idle keep-alive connections close after
-``keep_alive_s``.
+too large, more than ``max_hits`` results (queries x topk) or an answer over ``max_response_bytes``
+(checked on the passages' lengths before the answer is built, then on the encoded answer), 422 wrong field
+types or topk out of range. Idle keep-alive connections close after ``keep_alive_s``. After a request whose
+body and answer together reach ``release_after_bytes``, the freed heap is handed back to the operating
+system once the answer is sent (glibc ``malloc_trim(0)``; see ``release_memory``), and the server process
+keeps one malloc arena (``--malloc-arenas``; see ``limit_malloc_arenas``), so a burst of large requests
+does not leave it holding its peak memory.
 ``--port 0`` picks a free port; the chosen address is logged and printed as ``RETRIEVAL_SERVER_URL=...``.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
+import ctypes.util
+import functools
 import json
 import logging
 import socket
@@ -31,7 +38,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.background import BackgroundTask
 
 from envs.search.retriever import BACKENDS, Retriever
 
@@ -49,16 +57,69 @@ class ServerLimits:
     default_topk: int = 3
     max_json_depth: int = 400  # nesting of the request JSON (deeper: 400, not a RecursionError 500)
     max_hits: int = 4096  # queries x topk per request: bounds the answer's size and the memory it needs
+    max_response_bytes: int = 16 << 20  # encoded answer (16 MiB; 4,096 hits of a ~1 KB passage are ~4.5 MiB)
+    release_after_bytes: int = 1 << 20  # body + answer at least this large: hand freed heap back to the OS after it
     body_timeout_s: float = 30.0  # the whole body must arrive within this (else 408: no half-sent body stays open)
     keep_alive_s: float = 5.0  # idle keep-alive connections are closed after this (uvicorn timeout_keep_alive)
 
     def __post_init__(self) -> None:
         if min(self.max_queries, self.max_query_chars, self.max_topk, self.max_body_bytes, self.default_topk,
-               self.max_json_depth, self.max_hits, self.body_timeout_s, self.keep_alive_s) <= 0:
+               self.max_json_depth, self.max_hits, self.max_response_bytes, self.release_after_bytes,
+               self.body_timeout_s, self.keep_alive_s) <= 0:
             raise ValueError(f"all server limits must be > 0, got {self}")
         if self.default_topk > self.max_topk:
             raise ValueError(f"--topk {self.default_topk} exceeds --max-topk {self.max_topk}; lower --topk or "
                              "raise --max-topk")
+
+
+@functools.cache
+def _libc_function(name: str, argtypes: tuple[Any, ...]) -> Any:
+    """A glibc function returning int (None where the C library lacks it: musl, macOS, Windows)."""
+    path = ctypes.util.find_library("c")
+    try:
+        function = getattr(ctypes.CDLL(path), name, None) if path else None
+    except OSError:
+        return None
+    if function is not None:
+        function.argtypes, function.restype = list(argtypes), ctypes.c_int
+    return function
+
+
+M_ARENA_MAX = -8  # mallopt(3) parameter number in glibc's malloc.h
+
+
+def limit_malloc_arenas(arenas: int) -> bool:
+    """Let glibc's malloc use at most ``arenas`` arenas in this process (``mallopt(M_ARENA_MAX)``; call it
+    before the request threads start); True if glibc took it.
+
+    By default glibc gives each thread that allocates under contention its own arena (up to 8 per core),
+    and ``malloc_trim`` cannot hand back the pages of those arenas that small live blocks pin: with the
+    default, 16 maximum-size requests from 8 threads kept 32 MiB after ``malloc_trim(0)``, with one arena
+    none. The request handlers run under the GIL, so one arena costs them no parallelism."""
+    mallopt = _libc_function("mallopt", (ctypes.c_int, ctypes.c_int))
+    return bool(mallopt is not None and mallopt(M_ARENA_MAX, arenas))
+
+
+def release_memory() -> bool:
+    """Hand the heap memory freed by a large request back to the operating system; True if glibc did it.
+
+    CPython returns big blocks (numpy arrays, the answer's bytes) to glibc's malloc when they are freed, but
+    glibc keeps freed pages inside its heaps (one arena per thread that allocated, and the request threads
+    are many) for reuse, so the process's resident memory stays near its peak: 32 maximum-size requests
+    left the server ~100 MiB above its start (907 MB of 980 MB before ``max_hits`` existed).
+    ``malloc_trim(0)`` (glibc >= 2.8) walks every arena and returns each free page to the system
+    (``MADV_DONTNEED``); it costs a few milliseconds, so the server calls it only after large requests.
+    Elsewhere it does nothing and returns False."""
+    trim = _libc_function("malloc_trim", (ctypes.c_size_t,))
+    return bool(trim is not None and trim(0))
+
+
+def answer_size_lower_bound(batch_results: list[list[dict[str, Any]]], return_scores: bool) -> int:
+    """Characters the answer needs at least (passage texts, titles and ids), from strings already in memory:
+    a too-large answer is refused before it is encoded."""
+    per_hit = 40 if return_scores else 10
+    return sum(len(doc["contents"]) + len(doc["title"]) + len(str(doc["id"])) + per_hit
+               for hits in batch_results for doc in (hit["document"] for hit in hits))
 
 
 def json_depth(body: bytes) -> int:
@@ -163,11 +224,33 @@ def create_app(retriever: Retriever, limits: ServerLimits = ServerLimits()) -> A
         try:
             queries, topk, return_scores = parse_request(bytes(body), limits)
         except RequestError as e:
-            return JSONResponse({"detail": e.detail}, status_code=e.status)
-        batch = await run_in_threadpool(retriever.retrieve, queries, topk)
-        if return_scores:
-            return {"result": batch.results}
-        return {"result": [[hit["document"] for hit in hits] for hits in batch.results]}
+            return refuse(e, len(body))
+        try:
+            content = await run_in_threadpool(answer, queries, topk, return_scores)
+        except RequestError as e:
+            return refuse(e, len(body))
+        size = len(body) + len(content)
+        release = BackgroundTask(release_memory) if size >= limits.release_after_bytes else None
+        return Response(content, media_type="application/json", background=release)  # released once sent
+
+    def answer(queries: list[str], topk: int, return_scores: bool) -> bytes:
+        """The encoded answer, or ``RequestError`` 413 when it would exceed ``max_response_bytes``."""
+        results = retriever.retrieve(queries, topk).results
+        too_large = (f"the answer to {len(queries)} queries x topk {topk} is {{}} bytes; the limit is "
+                     f"{limits.max_response_bytes} per request (max_response_bytes), split the batch or lower topk")
+        if (bound := answer_size_lower_bound(results, return_scores)) > limits.max_response_bytes:
+            raise RequestError(413, too_large.format(f"over {bound}"))
+        if not return_scores:
+            results = [[hit["document"] for hit in hits] for hits in results]
+        content = json.dumps({"result": results}, ensure_ascii=False, allow_nan=False,
+                             separators=(",", ":")).encode("utf-8")  # what JSONResponse writes
+        if len(content) > limits.max_response_bytes:
+            raise RequestError(413, too_large.format(len(content)))
+        return content
+
+    def refuse(error: RequestError, body_bytes: int) -> JSONResponse:
+        release = BackgroundTask(release_memory) if body_bytes >= limits.release_after_bytes else None
+        return JSONResponse({"detail": error.detail}, status_code=error.status, background=release)
 
     return app
 
@@ -235,6 +318,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-queries", type=int, default=ServerLimits.max_queries)
     parser.add_argument("--max-query-chars", type=int, default=ServerLimits.max_query_chars)
     parser.add_argument("--max-hits", type=int, default=ServerLimits.max_hits, help="queries x topk per request")
+    parser.add_argument("--max-response-bytes", type=int, default=ServerLimits.max_response_bytes,
+                        help="largest encoded answer; a larger one is refused with 413")
+    parser.add_argument("--malloc-arenas", type=int, default=1,
+                        help="glibc malloc arenas of the server process (0: glibc's default of 8 per core); one "
+                             "lets the memory of large requests go back to the system afterwards")
     parser.add_argument("--no-cache", action="store_true", help="rebuild the index, do not read or write the cache")
     parser.add_argument("--log-level", default="info")
 
@@ -251,10 +339,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:  # checked before the corpus is loaded: a bad flag costs nothing
         limits = ServerLimits(max_queries=args.max_queries, max_query_chars=args.max_query_chars,
-                              max_topk=args.max_topk, max_hits=args.max_hits, default_topk=args.topk)
+                              max_topk=args.max_topk, max_hits=args.max_hits, default_topk=args.topk,
+                              max_response_bytes=args.max_response_bytes)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.malloc_arenas < 0:
+        parser.error(f"--malloc-arenas must be >= 0, got {args.malloc_arenas}")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.malloc_arenas and not limit_malloc_arenas(args.malloc_arenas):
+        logger.info("no glibc mallopt here: --malloc-arenas has no effect")
     logging.getLogger("bm25s").setLevel(logging.WARNING)
     corpus = load_corpus(resolve_corpus_path(args.corpus))
     retriever = build_retriever(corpus, args.backend, use_cache=not args.no_cache)
