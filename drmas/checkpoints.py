@@ -75,13 +75,18 @@ def verify_checkpoint(folder: str | Path) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------ base checkpoints
-def build_record(preset: str, roles: list[str], sft_block: dict[str, Any]) -> dict[str, Any]:
+def build_record(preset: str, roles: list[str], sft_block: dict[str, Any],
+                 traces: dict[str, Any] | None = None) -> dict[str, Any]:
     """What a base checkpoint is built from; ``hash`` is the sha256 of the ``sft`` block without
-    ``tokenizer_dir`` (where the tokenizer lives, not what it is). Preset and roles are recorded for the
-    reader: configs sharing one base may teach it different role subsets."""
+    ``tokenizer_dir`` (where the tokenizer lives, not what it is) and, when the task source has any, of
+    the settings that shape its SFT traces (``TaskSource.trace_args``: e.g. the search source's trace
+    noise and knowledge base). Preset and roles are recorded for the reader: configs sharing one base may
+    teach it different role subsets."""
     block = {k: v for k, v in sft_block.items() if k != "tokenizer_dir"}
-    digest = hashlib.sha256(json.dumps(block, sort_keys=True, default=str).encode()).hexdigest()
-    return {"preset": preset, "roles": sorted(roles), "sft": block, "hash": digest}
+    hashed: dict[str, Any] = {"sft": block, "traces": traces} if traces else block
+    digest = hashlib.sha256(json.dumps(hashed, sort_keys=True, default=str).encode()).hexdigest()
+    return {"preset": preset, "roles": sorted(roles), "sft": block, **({"traces": traces} if traces else {}),
+            "hash": digest}
 
 
 def _changed(old: Any, new: Any, prefix: str = "") -> list[str]:
@@ -108,6 +113,8 @@ def check_base_checkpoint(path: str | Path, expected: dict[str, Any], key: str) 
         logger.warning("models.%s.path=%s records no build config: its sft block cannot be checked", key, path)
         return
     if built.get("hash") != expected["hash"]:
-        changes = _changed(built.get("sft"), expected["sft"], "sft.")
-        raise CheckpointMismatch(f"models.{key}.path={path} was built from another `sft` block ({'; '.join(changes)}); "
-                                 "delete that folder to rebuild it with the current `sft` block, or restore the block")
+        changes = _changed({"sft": built.get("sft"), "env.args": built.get("traces")},
+                           {"sft": expected["sft"], "env.args": expected.get("traces")})
+        raise CheckpointMismatch(f"models.{key}.path={path} was built from another `sft` block or other SFT traces "
+                                 f"({'; '.join(changes)}); delete that folder to rebuild it with the current settings "
+                                 "(`run_all.sh --rebuild-bases` for the shipped bases), or restore them")

@@ -354,16 +354,19 @@ def test_a_damaged_checkpoint_falls_back_to_the_kept_previous_one(warm, caplog):
 
 
 def test_a_base_checkpoint_is_checked_against_the_sft_block_and_its_files(warm, tmp_path):
-    """A base checkpoint records the sha256 of the ``sft`` block that built it: a changed block is refused,
-    naming the changed key (it used to be used silently); a flipped byte in its weights is refused, naming
+    """A base checkpoint records the sha256 of the ``sft`` block and of the trace settings that built it: a
+    changed block or trace setting is refused, naming the changed key (it used to be used silently); a flipped byte in its weights is refused, naming
     the file; the unchanged block uses it as it is."""
     from drmas.checkpoints import CheckpointDamaged, CheckpointMismatch
     from drmas.trainer.warmup import warmup
 
     assert warmup(_load(_overrides(warm, "base")), progress=False) == {}
     with pytest.raises(CheckpointMismatch, match=r"models\.solver_model\.path=.* was built from another `sft` block "
-                                                 r"\(sft\.lr \(0\.003 -> 0\.01\)\)"):
+                                                 r"or other SFT traces \(sft\.lr \(0\.003 -> 0\.01\)\)"):
         warmup(_load(_overrides(warm, "base", "sft.lr=0.01")), progress=False)
+    # the settings that shape the task source's traces are part of the record too (they used to be ignored)
+    with pytest.raises(CheckpointMismatch, match=r"\(env\.args\.error_rate \(0\.2 -> 0\.5\)\)"):
+        warmup(_load(_overrides(warm, "base", "env.args.error_rate=0.5")), progress=False)
     copy = tmp_path / "verifier"
     shutil.copytree(warm / "sft" / "verifier", copy)
     _flip(copy / "model.safetensors", n=64)

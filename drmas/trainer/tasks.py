@@ -13,6 +13,8 @@ Training batches are a pure function of (seed, step), so a resumed run sees the 
 from __future__ import annotations
 
 import abc
+import inspect
+import json
 import logging
 from functools import cached_property
 from pathlib import Path
@@ -51,6 +53,19 @@ class TaskSource(abc.ABC):
         """SFT warm-up records ``{role, task, context, target}`` (generated sources only)."""
         raise NotImplementedError(f"{type(self).__name__} has no SFT traces; give models a checkpoint `path`")
 
+    #: the constructor arguments (``env.args``) that shape :meth:`role_traces`
+    trace_arg_names: tuple[str, ...] = ()
+
+    @classmethod
+    def trace_args(cls, **env_args: Any) -> dict[str, Any]:
+        """The settings that shape :meth:`role_traces` (besides ``n`` and ``seed``, which the ``sft`` block
+        holds), with the constructor's defaults filled in; computed from ``env.args`` without building the
+        source. A base checkpoint's build record keeps them, so a base built from other traces is refused
+        rather than reused (``drmas.checkpoints.build_record``)."""
+        bound = inspect.signature(cls.__init__).bind_partial(None, **env_args)
+        bound.apply_defaults()
+        return json.loads(json.dumps({name: bound.arguments[name] for name in cls.trace_arg_names}))  # as recorded
+
     def close(self) -> None:
         """Release tools (grader worker processes, ...)."""
 
@@ -72,6 +87,7 @@ def _step_seed(seed: int, step: int) -> int:
 class MathGenerated(TaskSource):
     """Generated problems of a given difficulty; evaluation on a fixed held-out seed."""
 
+    trace_arg_names = ("difficulty", "operand_digits", "kinds", "error_rate")
     trace_roles = {("solver_verifier", "solver"): "math_solver", ("solver_verifier", "verifier"): "math_verifier",
                    ("single_agent", "solver"): "math_single"}
 
@@ -203,6 +219,21 @@ class SearchGenerated(TaskSource):
 
         return make_env("search", retriever=self.retriever, max_turns=self.max_turns, topk=self.topk,
                         miss_rate=self.miss_rate)
+
+    trace_arg_names = ("kb", "hops", "n_test", "topk", "max_turns", "traces")
+
+    @classmethod
+    def trace_args(cls, **env_args: Any) -> dict[str, Any]:
+        """As the base class, with the knowledge base and the trace noise in their full form (so that
+        writing a default out, e.g. ``traces.verifier_think: false``, changes nothing)."""
+        from dataclasses import asdict
+
+        from envs.search.generated import KBConfig, TraceNoise
+
+        args = super().trace_args(**env_args)
+        noise = asdict(TraceNoise(**(args["traces"] or {})))
+        return {**args, "kb": asdict(KBConfig(**(args["kb"] or {}))), "hops": list(args["hops"]),
+                "traces": {k: v for k, v in noise.items() if k not in ("seed", "max_turns")}}
 
     def role_traces(self, n: int, seed: int) -> list[dict[str, Any]]:
         """Traces of (up to) ``n`` training questions; test questions never enter SFT."""

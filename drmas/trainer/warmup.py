@@ -27,7 +27,7 @@ from typing import Any, Iterator
 from drmas.agents import AgentView, make_agent
 from drmas.checkpoints import build_record, check_base_checkpoint
 from drmas.config import RunConfig
-from drmas.trainer.tasks import TaskSource, make_task_source
+from drmas.trainer.tasks import TASK_SOURCES, TaskSource, make_task_source
 from envs.base import Task
 
 logger = logging.getLogger(__name__)
@@ -62,6 +62,11 @@ def render_examples(records: list[dict[str, Any]], roles: list[str], source: Tas
     return examples
 
 
+def trace_args(cfg: RunConfig) -> dict[str, Any]:
+    """``TaskSource.trace_args`` of the run's task source (what shapes its SFT traces)."""
+    return TASK_SOURCES.get(cfg.env.name).trace_args(**cfg.env.args)
+
+
 def _checkpoints_to_build(cfg: RunConfig) -> dict[str, tuple[str, list[str], list[str]]]:
     """Missing checkpoint path -> (preset, roles, model keys). Models naming one path share one SFT run
     and must agree on the preset and roles."""
@@ -72,8 +77,8 @@ def _checkpoints_to_build(cfg: RunConfig) -> dict[str, tuple[str, list[str], lis
         if not m.preset:
             continue  # a pre-trained checkpoint (local folder or hub id) loaded as it is
         roles = model_roles(cfg, key)
-        if (Path(m.path) / "config.json").exists():  # built already: from this sft block, undamaged?
-            check_base_checkpoint(m.path, build_record(m.preset, roles, cfg.sft.model_dump()), key)
+        if (Path(m.path) / "config.json").exists():  # built already: from this sft block and traces, undamaged?
+            check_base_checkpoint(m.path, build_record(m.preset, roles, cfg.sft.model_dump(), trace_args(cfg)), key)
             continue
         if m.path in plan:
             preset, other_roles, keys = plan[m.path]
@@ -144,7 +149,7 @@ def _warmup_locked(cfg: RunConfig, progress: bool) -> dict[str, Any]:
         if not examples:
             raise ValueError(f"no SFT traces for roles {roles} (models {keys}) in task source {cfg.env.name!r}")
         jobs.append(_SFTJob("+".join(keys), preset, path, str(tok_dir), examples,
-                            build_record(preset, roles, sft.model_dump()),
+                            build_record(preset, roles, sft.model_dump(), trace_args(cfg)),
                             SFTConfig(lr=sft.lr, steps=sft.steps, batch_size=sft.batch_size, seed=sft.seed,
                                       warmup_steps=sft.warmup_steps, precision=cfg.train.precision),
                             cfg.train.threads, cfg.train.device))
