@@ -26,8 +26,8 @@ from drmas.rollout.vllm_engine import (
     truncate_prompt,
     vllm_sampling_kwargs,
 )
-from drmas.trainer import openrlhf_backend as backend_mod
-from drmas.trainer import openrlhf_seam as seam
+from drmas.workers.openrlhf import backend as backend_mod
+from drmas.workers.openrlhf import seam
 from drmas.workers.policy import UpdateBatch
 
 HAS_OPENRLHF = importlib.util.find_spec("openrlhf") is not None

@@ -110,7 +110,7 @@ def _inject(kill: str) -> None:
 
     import drmas.trainer.metrics as metrics_module
     import drmas.trainer.trainer as trainer_module
-    from drmas.trainer.backends import LocalBackend
+    from drmas.workers.local import LocalBackend
 
     site, _, arg = kill.partition(":")
     step = int(arg) if arg else -1
@@ -466,7 +466,7 @@ def _kill_actor_during_update(trainer, ray, key: str, step: int, times: int) -> 
             refs = {k: a.update.remote(batches[k], step_seed) for k, a in backend.actors.items()}
             os.kill(pid, signal.SIGKILL)
             state["kills"] += 1
-            from drmas.trainer.backends import _get
+            from drmas.workers.local import _get
 
             return {k: _get(k, ref) for k, ref in refs.items()}
         return real_update(batches, step_seed)

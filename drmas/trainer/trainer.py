@@ -31,7 +31,7 @@ from drmas.locks import folder_lock
 from drmas.devices import describe, resolve_device
 from drmas.orchestra import make_orchestra
 from drmas.rollout.base import SamplingParams
-from drmas.trainer.backends import WorkerDied, make_backend
+from drmas.workers.local import WorkerDied, make_backend
 from drmas.trainer.metrics import MetricsSink, evaluation_metrics, step_metrics
 from drmas.trainer.rollout import AgentSlot, RolloutResult, run_rollout
 from drmas.trainer.tasks import make_task_source

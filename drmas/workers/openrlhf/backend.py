@@ -1,7 +1,7 @@
 """The ``openrlhf`` backend: each worker group an OpenRLHF actor group (DeepSpeed ZeRO, its own optimizer)
 with its own vLLM engine replicas, all in one Ray placement group (the paper's shared resource pool:
 several models time-sharing the same GPUs). GPU only; everything OpenRLHF-specific it uses comes from
-:mod:`drmas.trainer.openrlhf_seam` (the pinned API contract and the pure conversion).
+:mod:`drmas.workers.openrlhf.seam` (the pinned API contract and the pure conversion).
 
 One RL step, as the trainer sees it (the same four operations as the local and ray backends):
 
@@ -28,8 +28,8 @@ import numpy as np
 
 from drmas.rollout.base import Generation, SamplingParams
 from drmas.rollout.vllm_engine import VLLMRolloutEngine, generation_config_eos
-from drmas.trainer import openrlhf_seam as seam
-from drmas.trainer.backends import WorkerDied
+from drmas.workers.openrlhf import seam
+from drmas.workers.local import WorkerDied
 from drmas.workers.policy import UpdateBatch, WorkerSpec
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class DrmasActorMixin:
 
     def drmas_fit(self, minibatches: list[list[dict[str, Any]]], temperature: float) -> list[dict[str, float]]:
         """One RL step of this rank: ``minibatches[m][k]`` is micro-batch k of optimizer step m
-        (:func:`~drmas.trainer.openrlhf_seam.rank_payloads`; every rank has the same counts).
+        (:func:`~drmas.workers.openrlhf.seam.rank_payloads`; every rank has the same counts).
 
         1. old log-probs of every row under the current policy (before the first optimizer step);
         2. per mini-batch: the loss normalizers (response tokens, samples) summed over ranks; each

@@ -1,7 +1,7 @@
 """Execution backends for worker groups: ``local`` (in-process, the CPU default and the tests) and
 ``ray`` (each worker group a Ray actor, all placed in one placement group: the paper's shared resource
 pool). Both expose the same four operations, so the trainer does not know which one runs. On GPU clusters,
-``openrlhf`` (drmas/trainer/openrlhf_backend.py) exposes them too, over OpenRLHF and vLLM.
+``openrlhf`` (drmas/workers/openrlhf/backend.py) exposes them too, over OpenRLHF and vLLM.
 """
 from __future__ import annotations
 
@@ -150,9 +150,9 @@ class RayBackend:
 
 
 def _openrlhf_backend(specs: dict[str, WorkerSpec]):
-    """GPU clusters: OpenRLHF actor groups + vLLM engines in one shared pool (drmas/trainer/openrlhf_backend.py;
+    """GPU clusters: OpenRLHF actor groups + vLLM engines in one shared pool (drmas/workers/openrlhf/backend.py;
     imported here so that the CPU path never imports OpenRLHF, vLLM or DeepSpeed)."""
-    from drmas.trainer.openrlhf_backend import OpenRLHFBackend
+    from drmas.workers.openrlhf.backend import OpenRLHFBackend
 
     return OpenRLHFBackend(specs)
 
