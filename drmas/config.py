@@ -193,7 +193,7 @@ class EnvConfig(Strict):
     @field_validator("name")
     @classmethod
     def _known_source(cls, name: str) -> str:
-        from drmas.trainer.tasks import TASK_SOURCES
+        from drmas.tasks import TASK_SOURCES
 
         return _registered(name, TASK_SOURCES.names(), "task source")
 

@@ -290,7 +290,7 @@ SYSTEMS = {  # orchestra -> (task source, {slot: role}, penalty c)
 
 @pytest.fixture(scope="module")
 def sources():
-    from drmas.trainer.tasks import make_task_source
+    from drmas.tasks import make_task_source
 
     built = {"math_generated": make_task_source("math_generated", grader_timeout_s=1.0),  # garbage can take math-verify long
              "search_generated": make_task_source("search_generated")}
@@ -308,7 +308,7 @@ def test_rollout_of_arbitrary_output_marks_invalid_and_applies_the_penalty(sourc
     from drmas.algos import compute_advantages
     from drmas.orchestra import make_orchestra
     from drmas.rollout.base import SamplingParams
-    from drmas.trainer.rollout import AgentSlot, run_rollout
+    from drmas.trainer.collect import AgentSlot, run_rollout
 
     source_name, roles, c = SYSTEMS[orchestra]
     source = sources[source_name]

@@ -33,8 +33,8 @@ from drmas.orchestra import make_orchestra
 from drmas.rollout.base import SamplingParams
 from drmas.workers.local import WorkerDied, make_backend
 from drmas.trainer.metrics import MetricsSink, evaluation_metrics, step_metrics
-from drmas.trainer.rollout import AgentSlot, RolloutResult, run_rollout
-from drmas.trainer.tasks import make_task_source
+from drmas.trainer.collect import AgentSlot, RolloutResult, run_rollout
+from drmas.tasks import make_task_source
 from drmas.workers.policy import UpdateBatch, WorkerSpec
 
 logger = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 from drmas.agents import AgentView, make_agent
 from drmas.checkpoints import build_record, check_base_checkpoint
 from drmas.config import RunConfig
-from drmas.trainer.tasks import TaskSource, make_task_source
+from drmas.tasks import TaskSource, make_task_source
 from envs.base import Task
 
 logger = logging.getLogger(__name__)
