@@ -21,6 +21,8 @@ from typing import Any, Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
+from drmas.devices import DEVICE_PATTERN
+
 
 class Strict(BaseModel):
     """Base: unknown keys are errors, NaN/inf are not numbers a run can use; values are validated on
@@ -230,10 +232,6 @@ def _leaves(node: Any, prefix: str) -> list[tuple[str, Any]]:
     return [(prefix, node)]
 
 
-DEVICE_PATTERN = r"^(auto|cpu|cuda(:\d+)?)$"
-"""The values ``train.device`` accepts (resolved by :func:`drmas.devices.resolve_device`)."""
-
-
 class TrainConfig(Strict):
     steps: int = Field(100, ge=0, description="RL steps")
     batch_tasks: PositiveInt = Field(16, description="tasks per step (paper: math 32, search 128)")
@@ -247,9 +245,17 @@ class TrainConfig(Strict):
     eval_sampling: SamplingConfig = SamplingConfig(temperature=0.6, top_p=0.95)
     save_every: int = Field(25, ge=0, description="checkpoint every N steps (0 = only at the end)")
     max_nonfinite_skips: PositiveInt = Field(3, description="stop after this many consecutive non-finite steps")
-    backend: Literal["local", "ray", "openrlhf"] = Field(
-        "local", description="local: in-process (CPU default); ray: one Ray actor per worker group; openrlhf: "
-                             "DeepSpeed actor groups + vLLM engines in one shared GPU pool (docs/gpu.md)")
+    backend: str = Field(
+        "local", description="registered backend (drmas.workers.catalog.BACKENDS): local: in-process (CPU default); "
+                             "ray: one Ray actor per worker group; openrlhf: DeepSpeed actor groups + vLLM engines in "
+                             "one shared GPU pool (docs/gpu.md)")
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, backend: str) -> str:
+        from drmas.workers.catalog import BACKENDS
+
+        return _registered(backend, BACKENDS.names(), "backend")
+
     threads: int = Field(1, ge=0, description="torch threads per process (0 = leave as is); on 2 shared cores "
                          "1 thread was measured 10-27x faster than 2 under load")
     keep_previous_checkpoint: bool = Field(
@@ -331,33 +337,34 @@ class RunConfig(Strict):
                              "each slot (`agents[i].name`), or choose another orchestra")
 
     def _check_backend(self) -> None:
-        """The backend and the rollout engines fit together: local/ray generate with HF in the worker; the
-        openrlhf backend generates with vLLM and trains with OpenRLHF's actor (one temperature per model,
-        no reference model)."""
+        """The models, agents and algorithm ask only for what the backend can do (its
+        :class:`~drmas.workers.catalog.Capabilities`): its rollout engines, a checkpoint per model, one
+        temperature per model, a reference model, the loss aggregation."""
+        from drmas.workers.catalog import BACKENDS
+
         backend = self.train.backend
+        caps = BACKENDS.get(backend).capabilities
         for key, m in self.models.items():
             engine = m.rollout.engine
-            if backend == "openrlhf" and engine != "vllm":
-                raise ValueError(f"models.{key}.rollout.engine={engine!r}: the openrlhf backend generates with vLLM; "
-                                 "set it to 'vllm'")
-            if backend != "openrlhf" and engine != "hf":
-                raise ValueError(f"models.{key}.rollout.engine={engine!r} needs train.backend=openrlhf (the {backend} "
-                                 "backend generates with transformers in the worker); use engine 'hf'")
-        if backend != "openrlhf":
-            return
+            if engine not in caps.engines:
+                fits = [name for name in BACKENDS.names() if engine in BACKENDS.get(name).capabilities.engines]
+                raise ValueError(f"models.{key}.rollout.engine={engine!r} needs train.backend={' or '.join(fits)} (the "
+                                 f"{backend} backend generates with {caps.generates_with}); use engine "
+                                 f"{caps.engines[0]!r}")
         for key, m in self.models.items():
-            if m.path is None:
-                raise ValueError(f"models.{key}.path: the openrlhf backend loads a checkpoint (folder or hub id)")
+            if caps.needs_checkpoint and m.path is None:
+                raise ValueError(f"models.{key}.path: the {backend} backend loads a checkpoint (folder or hub id)")
             temps = {a.name: a.sampling.temperature for a in self.agents_of(key)}
-            if len(set(temps.values())) > 1:
-                raise ValueError(f"agents {sorted(temps)} share model {key!r} with temperatures {temps}; OpenRLHF's "
-                                 "actor scores a model's samples at one temperature: use the same one")
-        if self.algo.kl_coef > 0:
-            raise ValueError(f"algo.kl_coef={self.algo.kl_coef}: the openrlhf backend has no reference model "
-                             "(the paper trains without KL); set it to 0 or use the local/ray backend")
-        if self.algo.aggregation == "seq_mean_token_sum":
-            raise ValueError("algo.aggregation=seq_mean_token_sum has no OpenRLHF equivalent; use token_mean or "
-                             "seq_mean_token_mean with the openrlhf backend")
+            if caps.one_temperature_per_model and len(set(temps.values())) > 1:
+                raise ValueError(f"agents {sorted(temps)} share model {key!r} with temperatures {temps}; the {backend} "
+                                 "backend scores a model's samples at one temperature: use the same one")
+        if self.algo.kl_coef > 0 and not caps.reference_model:
+            raise ValueError(f"algo.kl_coef={self.algo.kl_coef}: the {backend} backend has no reference model "
+                             "(the paper trains without KL); set it to 0 or use a backend that has one "
+                             f"({[n for n in BACKENDS.names() if BACKENDS.get(n).capabilities.reference_model]})")
+        if caps.aggregations is not None and self.algo.aggregation not in caps.aggregations:
+            raise ValueError(f"algo.aggregation={self.algo.aggregation} has no equivalent in the {backend} backend; "
+                             f"use one of {list(caps.aggregations)} with it")
 
     def agents_of(self, model_key: str) -> list[AgentConfig]:
         return [a for a in self.agents if a.model == model_key]

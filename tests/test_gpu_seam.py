@@ -447,7 +447,7 @@ def test_group_settings_need_a_checkpoint_and_consistent_config():
         (["algo.kl_coef=0.01"], "no reference model"),
         (["models.shared.resources.num_gpus=4", "models.shared.rollout.tensor_parallel_size=3"], "does not divide"),
         (["agents.verifier.sampling.temperature=0.7"], "one temperature"),
-        (["algo.aggregation=seq_mean_token_sum"], "no OpenRLHF equivalent"),
+        (["algo.aggregation=seq_mean_token_sum"], "no equivalent in the openrlhf backend"),
     ]:
         with pytest.raises(ConfigError, match=message):
             load_config(None, base + extra)
@@ -489,7 +489,7 @@ class _Group:
 
 
 def test_backend_pushes_weights_once_per_step_and_time_shares(monkeypatch, tokenizer):
-    monkeypatch.setattr(backend_mod, "_ray_get", lambda refs, key="?": refs)
+    monkeypatch.setattr(backend_mod, "ray_get", lambda key, refs: refs)
     monkeypatch.setattr(backend_mod, "_vllm_sampling_params", dict)
     eos = tokenizer.eos_token_id
     log: list = []

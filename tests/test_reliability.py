@@ -72,7 +72,7 @@ BAD_CONFIGS = [
     ("unknown name", ["algo.estimator=grpo"], "algo.estimator", "use one of them"),
     ("unknown name", ["env.name=math_datasett"], "env.name", "use one of them"),
     ("unknown name", ["algo.ddof=2"], "algo.ddof", "use 0 or 1"),
-    ("unknown name", ["train.backend=gpu"], "train.backend", "use 'local'"),
+    ("unknown name", ["train.backend=gpu"], "train.backend", "use one of them"),
     ("missing data file", ["env.name=math_dataset", "env.args={train: no/such/train.jsonl, test: {}}"],
      "env.args.train", "drmas data prepare"),
     ("missing data file", ["env.eval_args={test: {aime24: no/such/aime24.jsonl}}"], "env.eval_args.test.aime24",

@@ -466,9 +466,9 @@ def _kill_actor_during_update(trainer, ray, key: str, step: int, times: int) -> 
             refs = {k: a.update.remote(batches[k], step_seed) for k, a in backend.actors.items()}
             os.kill(pid, signal.SIGKILL)
             state["kills"] += 1
-            from drmas.workers.local import _get
+            from drmas.workers.base import ray_get
 
-            return {k: _get(k, ref) for k, ref in refs.items()}
+            return {k: ray_get(k, ref) for k, ref in refs.items()}
         return real_update(batches, step_seed)
 
     backend.update = update

@@ -10,22 +10,18 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from drmas.agents.base import Agent, AgentView, Parsed
 from drmas.orchestra.base import Episodes, Orchestra
-from drmas.rollout.base import Generation, SamplingParams
+from drmas.rollout.base import SamplingParams
 from drmas.step_table import StepTable
+from drmas.workers.base import Generator
 from envs.base import Env, Task
 
 logger = logging.getLogger(__name__)
-
-
-class Generator(Protocol):
-    def generate(self, prompts: list[str], sampling: SamplingParams, seed: int | None = None) -> Generation:
-        ...
 
 
 @dataclass

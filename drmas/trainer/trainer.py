@@ -31,10 +31,11 @@ from drmas.locks import folder_lock
 from drmas.devices import describe, resolve_device
 from drmas.orchestra import make_orchestra
 from drmas.rollout.base import SamplingParams
-from drmas.workers.local import WorkerDied, make_backend
 from drmas.trainer.metrics import MetricsSink, evaluation_metrics, step_metrics
 from drmas.trainer.collect import AgentSlot, RolloutResult, run_rollout
 from drmas.tasks import make_task_source
+from drmas.workers.base import WorkerDied, make_backend
+from drmas.workers.catalog import BACKENDS
 from drmas.workers.policy import UpdateBatch, WorkerSpec
 
 logger = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class Trainer:
                                  threads=cfg.train.threads, device=cfg.train.device, precision=cfg.train.precision)
                  for i, (key, m) in enumerate(cfg.models.items())}
         self.backend = make_backend(cfg.train.backend, specs)
+        self.capabilities = BACKENDS.get(cfg.train.backend).capabilities
         self.sink = MetricsSink(self.run_dir)
         self.spikes = {name: SpikeDetector() for name in [*cfg.models, *agent_names]}
         self.invalid_penalties = cfg.invalid_penalties()
@@ -154,7 +156,7 @@ class Trainer:
         checkpoint; or, past the restart budget (or on a backend that cannot restart), stop."""
         ckpt = self._checkpoint_step()
         where = f"its last checkpoint (step {ckpt}) is {self.ckpt_dir}" if ckpt else "it has no checkpoint yet"
-        if restarts > self.max_worker_restarts or not hasattr(self.backend, "restart"):
+        if restarts > self.max_worker_restarts or not self.capabilities.restart:
             self.sink.close()
             raise WorkerGroupLost(f"{exc} (during step {self.step}); the run stopped after {restarts - 1} worker "
                                   f"restart(s): {where}. Check the worker's log (memory, GPU), then start the same "
