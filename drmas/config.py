@@ -21,6 +21,7 @@ from typing import Any, Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
+from drmas.algos.advantages import Conventions, Ddof, Singleton
 from drmas.devices import DEVICE_PATTERN
 
 
@@ -163,7 +164,10 @@ class AgentConfig(Strict):
 
 
 class AlgoConfig(Strict):
-    estimator: str = Field("drmas", description="advantage estimator (drmas.algos.ESTIMATORS)")
+    """The RL algorithm: the advantage estimator and its conventions, the clipped policy loss, the penalty."""
+
+    estimator: str = Field("drmas", description="advantage estimator (drmas.algos.ESTIMATORS): drmas = agent-wise "
+                           "mu_k, sigma_k (paper Eq. 5); trajectory_grpo = vanilla GRPO (Eq. 2); Table 3 ablations")
 
     @field_validator("estimator")
     @classmethod
@@ -172,17 +176,27 @@ class AlgoConfig(Strict):
 
         return _registered(estimator, sorted(ESTIMATORS), "estimator")
 
-    ddof: Literal[0, 1] = 1
-    eps: float = Field(1e-6, ge=0)
-    singleton: Literal["raw", "zero"] = "raw"
-    scale_by_std: bool = True
-    clip_low: float = Field(0.2, ge=0, lt=1)
-    clip_high: float = Field(0.28, ge=0, description="clip-higher (DAPO); the reference uses 0.28")
-    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = "token_mean"
-    kl_coef: float = Field(0.0, ge=0)
-    entropy_coef: float = Field(0.0, ge=0)
+    ddof: Ddof = Field(Conventions.ddof, description="std of the advantage groups: 1 = unbiased "
+                                "(reference), 0 = population")
+    eps: float = Field(Conventions.eps, ge=0, description="added to the std in the advantage denominator")
+    singleton: Singleton = Field(Conventions.singleton, description="a group of one sample: raw = "
+                                              "mean 0, std 1 (its score / (1 + eps)); zero = advantage 0")
+    scale_by_std: bool = Field(Conventions.scale_by_std, description="divide advantages by the std (false = "
+                               "mean-only, Dr. GRPO style)")
+    clip_low: float = Field(0.2, ge=0, lt=1, description="PPO ratio clip below: 1 - clip_low (paper Eq. 3)")
+    clip_high: float = Field(0.28, ge=0, description="PPO ratio clip above: 1 + clip_high (clip-higher, DAPO); "
+                             "the reference uses 0.28")
+    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = Field(
+        "token_mean", description="how token losses make a batch loss: mean over all tokens (reference), mean of "
+                                  "per-sequence token means, or mean of per-sequence token sums")
+    kl_coef: float = Field(0.0, ge=0, description="k3 KL penalty to a frozen reference model (0 = none, the paper)")
+    entropy_coef: float = Field(0.0, ge=0, description="entropy bonus of the policy loss (0 = none)")
     invalid_penalty: float = Field(0.1, ge=0, description="c in score = R - c (1 - valid); math 0.1, search 0.01 "
                                    "(agents[i].invalid_penalty overrides it per agent)")
+
+    def conventions(self) -> Conventions:
+        """The advantage conventions these fields set (:func:`drmas.algos.compute_advantages` keywords)."""
+        return Conventions(ddof=self.ddof, eps=self.eps, singleton=self.singleton, scale_by_std=self.scale_by_std)
 
 
 class EnvConfig(Strict):

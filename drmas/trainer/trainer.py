@@ -15,7 +15,7 @@ import shutil
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -96,9 +96,8 @@ class Trainer:
         with _timed(timings, "rewards"):
             table.assign_rewards(rollout.traj_reward, self.invalid_penalties)
         with _timed(timings, "advantages"):
-            a = cfg.algo
-            adv = compute_advantages(table.score, table.task, table.agent, table.traj, estimator=a.estimator,
-                                     ddof=a.ddof, eps=a.eps, singleton=a.singleton, scale_by_std=a.scale_by_std)
+            adv = compute_advantages(table.score, table.task, table.agent, table.traj, estimator=cfg.algo.estimator,
+                                     **asdict(cfg.algo.conventions()))
             table.advantage = adv.advantages.double().numpy()
         with _timed(timings, "update"):
             update = self.backend.update({wg: self._update_batch(table, wg) for wg in cfg.models},
