@@ -31,6 +31,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from drmas.algos import SpikeRule, spike_ratios
+from drmas.io import atomic_output
 
 from analysis.runs import GridData, run_averages
 from analysis.tables import ABLATION, PAIRS, SETTINGS
@@ -58,8 +59,9 @@ def save(fig: Figure | None, out_dir: Path, stem: str) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{stem}.png", out_dir / f"{stem}.pdf"]
-    fig.savefig(paths[0], dpi=150, bbox_inches="tight")
-    fig.savefig(paths[1], bbox_inches="tight")
+    for path, kw in zip(paths, ({"format": "png", "dpi": 150}, {"format": "pdf"})):
+        with atomic_output(path) as tmp:
+            fig.savefig(str(tmp), bbox_inches="tight", **kw)
     return paths
 
 

@@ -19,6 +19,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from drmas.io import atomic_write_text
+
 from analysis import figures as figs
 from analysis.cli import parse_dataclass_args
 from analysis.integrity import data_problems_section
@@ -346,7 +348,7 @@ def write_tables(an: Analysis, out: Path) -> list[Path]:
                              f"Normalization ablation, {task} non-sharing (Average, percent; seeds every variant ran)")
     gt = gradnorm_table(an.gradnorm)
     if len(an.gradnorm):  # per (run, agent): the spike count of every run
-        an.gradnorm.to_csv(Path(out) / "gradnorm_runs.csv", index=False)
+        atomic_write_text(Path(out) / "gradnorm_runs.csv", an.gradnorm.to_csv(index=False))
         paths.append(Path(out) / "gradnorm_runs.csv")
     paths += write_table(out, "gradnorm", gt.set_index(["task", "setting", "agent"]) if len(gt) else gt,
                          gt if len(gt) else None,
@@ -444,7 +446,7 @@ def make_report(runs: Path, out: Path = Path("results"), figures_dir: Path = Pat
     pd.DataFrame([{"key": c.key, "claim": c.claim, "paper": c.paper, "ours": c.ours, "verdict": c.verdict,
                    "rule": c.rule} for c in claims]).to_csv(tables_dir / "claims.csv", index=False)
     path = Path(out) / "REPORT.md"
-    path.write_text(report_markdown(an, claims, Path(out), tables_dir, fig_paths, Path(runs), mechanism))
+    atomic_write_text(path, report_markdown(an, claims, Path(out), tables_dir, fig_paths, Path(runs), mechanism))
     logger.info("wrote %s, %d tables in %s, %d figure files in %s", path, len(list(tables_dir.glob("*.md"))),
                 tables_dir, len(fig_paths), figures_dir)
     return path

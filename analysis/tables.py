@@ -24,6 +24,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from drmas.io import atomic_write_text
+
 from analysis.runs import GridData, benchmarks_of
 from analysis.stats import (N_BOOT, Interval, average_interval, bootstrap_ci, grad_norm_summary, paired_test,
                             task_scores)
@@ -477,8 +479,8 @@ def write_table(out_dir: Path, stem: str, shown: pd.DataFrame | Sequence[tuple[s
         if len(frame):
             tex.append(latex(frame, f"{caption} {title}".strip(), f"tab:{stem}{'-' + title.split()[0] if title else ''}"))
     paths = [out_dir / f"{stem}.md", out_dir / f"{stem}.tex", out_dir / f"{stem}.csv"]
-    paths[0].write_text("\n".join(md))
-    paths[1].write_text("\n".join(tex) if tex else f"% {caption}: {NOT_RUN}\n")
+    atomic_write_text(paths[0], "\n".join(md))
+    atomic_write_text(paths[1], "\n".join(tex) if tex else f"% {caption}: {NOT_RUN}\n")
     csv = numeric if numeric is not None else (parts[0][1] if parts else pd.DataFrame())
-    csv.to_csv(paths[2], index=numeric is None)
+    atomic_write_text(paths[2], csv.to_csv(index=numeric is None))
     return paths

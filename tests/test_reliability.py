@@ -452,7 +452,8 @@ def test_server_load_test_bounded_concurrency(tmp_path):
 
 # ========================================================================================= torn records
 def test_a_torn_last_line_is_dropped_on_resume(tmp_path):
-    from drmas.trainer.metrics import MetricsSink, read_jsonl
+    from drmas.io import read_jsonl
+    from drmas.trainer.metrics import MetricsSink
 
     sink = MetricsSink(tmp_path)
     for step in range(3):
@@ -472,7 +473,8 @@ def test_a_torn_last_line_is_dropped_on_resume(tmp_path):
 def test_resume_from_no_checkpoint_drops_the_initial_evaluation(tmp_path):
     """A run killed before its first checkpoint evaluates step 0 again: the old record must go, or
     eval.jsonl would hold step 0 twice."""
-    from drmas.trainer.metrics import MetricsSink, read_jsonl
+    from drmas.io import read_jsonl
+    from drmas.trainer.metrics import MetricsSink
 
     sink = MetricsSink(tmp_path)
     sink.write_eval({"step": 0, "benchmark": "b", "k": 2, "avg": 0.5, "pass": 1.0})
@@ -492,10 +494,10 @@ def test_a_damaged_line_before_the_last_is_an_error_not_a_silent_gap(tmp_path):
 
 def test_appends_are_whole_lines_from_concurrent_writers(tmp_path):
     """One write(2) per record with O_APPEND: lines from several threads never interleave."""
-    from drmas.trainer.metrics import _append_line, read_jsonl
+    from drmas.io import append_jsonl, read_jsonl
 
     path = tmp_path / "m.jsonl"
     with ThreadPoolExecutor(4) as pool:
-        list(pool.map(lambda i: _append_line(path, {"step": i, "pad": "x" * 5000}), range(200)))
+        list(pool.map(lambda i: append_jsonl(path, {"step": i, "pad": "x" * 5000}), range(200)))
     assert sorted(r["step"] for r in read_jsonl(path)) == list(range(200))
     assert os.path.getsize(path) == sum(len(json.dumps({"step": i, "pad": "x" * 5000})) + 1 for i in range(200))

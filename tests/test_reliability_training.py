@@ -127,7 +127,7 @@ def _inject(kill: str) -> None:
 
         LocalBackend.update = update
     elif site == "append":  # half of the metrics line of `step` reaches the file
-        real_append = metrics_module._append_line
+        real_append = metrics_module.append_jsonl
 
         def append(path, record):
             if path.name == "metrics.jsonl" and record.get("step") == step:
@@ -139,7 +139,7 @@ def _inject(kill: str) -> None:
                 _kill_self()
             real_append(path, record)
 
-        metrics_module._append_line = append
+        metrics_module.append_jsonl = append
     elif site == "eval":  # the evaluation of `step` is recorded, its checkpoint not yet written
         real_evaluate = Trainer.evaluate
 

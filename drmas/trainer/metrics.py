@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from drmas.algos import SpikeDetector, lemma_factors
-from drmas.io import append_jsonl as _append_line, read_jsonl, read_jsonl_lines, write_jsonl  # noqa: F401 (re-exported)
+from drmas.io import append_jsonl, read_jsonl_lines, write_jsonl
 from drmas.step_table import StepTable
 
 logger = logging.getLogger(__name__)
@@ -159,7 +159,7 @@ class MetricsSink:
         return self._tb
 
     def write_step(self, step: int, metrics: dict[str, Any]) -> None:
-        _append_line(self.metrics_path, {"step": step, **metrics})
+        append_jsonl(self.metrics_path, {"step": step, **metrics})
         tb = self._writer()
         if tb:
             for key, value in metrics.items():
@@ -167,7 +167,7 @@ class MetricsSink:
                     tb.add_scalar(key, value, step)
 
     def write_eval(self, record: dict[str, Any]) -> None:
-        _append_line(self.eval_path, record)
+        append_jsonl(self.eval_path, record)
         tb = self._writer()
         if tb:
             tb.add_scalar(f"eval/{record['benchmark']}/avg@{record['k']}", record["avg"], record["step"])
