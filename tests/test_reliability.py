@@ -308,14 +308,14 @@ def test_rollout_of_arbitrary_output_marks_invalid_and_applies_the_penalty(sourc
     from drmas.algos import compute_advantages
     from drmas.orchestra import make_orchestra
     from drmas.rollout.base import SamplingParams
-    from drmas.trainer.collect import AgentSlot, run_rollout
+    from drmas.trainer.collect import AgentSlot, collect
 
     source_name, roles, c = SYSTEMS[orchestra]
     source = sources[source_name]
     agents = {slot: make_agent(role, slot) for slot, role in roles.items()}
     slots = {slot: AgentSlot(agent, "model", SamplingParams()) for slot, agent in agents.items()}
-    rollout = run_rollout(source.train_tasks(0, 2, seed=0), 2, make_orchestra(orchestra), source.make_env, slots,
-                          {"model": ScriptedGenerator(texts)}, seed=0)
+    rollout = collect(source.train_tasks(0, 2, seed=0), 2, make_orchestra(orchestra), source.make_env, slots,
+                      {"model": ScriptedGenerator(texts)}, seed=0)
     table = rollout.table
     table.assign_rewards(rollout.traj_reward, c)
     assert len(table) > 0 and np.isin(rollout.traj_reward, (0.0, 1.0)).all()

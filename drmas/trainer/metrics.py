@@ -42,6 +42,7 @@ import pandas as pd
 from drmas.algos import SpikeDetector, lemma_factors
 from drmas.io import append_jsonl, read_jsonl_lines, write_jsonl
 from drmas.step_table import StepTable
+from drmas.trainer.collect import Collected
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def _lemma_factor_stats(table: StepTable, estimator: str) -> dict[str, float]:
     return out
 
 
-def step_metrics(table: StepTable, rollout, update: dict[str, dict[str, Any]],
+def step_metrics(table: StepTable, rollout: Collected, update: dict[str, dict[str, Any]],
                  timings: dict[str, float], spikes: dict[str, SpikeDetector], estimator: str) -> dict[str, Any]:
     m: dict[str, Any] = {
         "reward/mean": float(rollout.traj_reward.mean()), "reward/std": float(rollout.traj_reward.std()),

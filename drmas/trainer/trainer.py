@@ -1,6 +1,6 @@
 """The multi-agent RL trainer. One training step, as data (DESIGN.md):
 
-    tasks ─► rollout (orchestra, batched agent calls) ─► step table ─► rewards (team reward − penalty)
+    tasks ─► rollout (orchestra, batched agent calls: trainer/collect.py) ─► step table ─► rewards (team reward − penalty)
           ─► advantages (drmas.algos.compute_advantages) ─► per-worker-group clipped policy update
 
 ``Trainer.train_step`` is exactly that pipeline, one call per phase, each timed (``timing/*``).
@@ -32,7 +32,7 @@ from drmas.devices import describe, resolve_device
 from drmas.orchestra import make_orchestra
 from drmas.rollout.base import SamplingParams
 from drmas.trainer.metrics import MetricsSink, evaluation_metrics, step_metrics
-from drmas.trainer.collect import AgentSlot, RolloutResult, run_rollout
+from drmas.trainer.collect import AgentSlot, collect
 from drmas.tasks import make_task_source
 from drmas.workers.base import WorkerDied, make_backend
 from drmas.workers.catalog import BACKENDS
@@ -90,8 +90,8 @@ class Trainer:
         timings: dict[str, float] = {}
         with _timed(timings, "rollout"):
             tasks = self.source.train_tasks(step, cfg.train.batch_tasks, seed=cfg.train.seed)
-            rollout = run_rollout(tasks, cfg.train.group_size, self.orchestra, self.source.make_env, self.slots,
-                                  self.backend.generators(), seed=cfg.train.seed * 1_000_003 + step)
+            rollout = collect(tasks, cfg.train.group_size, self.orchestra, self.source.make_env, self.slots,
+                              self.backend.generators(), seed=cfg.train.seed * 1_000_003 + step)
             table = rollout.table
         with _timed(timings, "rewards"):
             table.assign_rewards(rollout.traj_reward, self.invalid_penalties)
@@ -118,8 +118,8 @@ class Trainer:
         k = cfg.train.eval_samples
         sets = self.source.eval_sets(cfg.train.eval_tasks)
         tasks = [t for ts in sets.values() for t in ts]  # one batched rollout for every benchmark
-        rollout = run_rollout(tasks, k, self.orchestra, self.source.make_env, self.eval_slots,
-                              self.backend.generators(), seed=10_000_019 + step)
+        rollout = collect(tasks, k, self.orchestra, self.source.make_env, self.eval_slots,
+                          self.backend.generators(), seed=10_000_019 + step)
         bounds = np.cumsum([0] + [len(ts) for ts in sets.values()]) * k  # trajectories are task-major
         records = {name: evaluation_metrics(rollout.traj_reward[lo:hi], k)
                    for name, lo, hi in zip(sets, bounds[:-1], bounds[1:])}
