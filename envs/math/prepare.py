@@ -25,7 +25,7 @@ from drmas.io import atomic_write_json
 from envs.base import Task
 from envs.math.data import (MATH_SETS, PAPER_TEST_SETS, load_benchmark, load_hub, prepared_dir,
                             write_tasks_jsonl)
-from envs.math.grader import normalize_answer
+from envs.math.answers import normalize_answer
 
 logger = logging.getLogger(__name__)
 
