@@ -28,7 +28,7 @@ AGENTS = {"single": {"math": ["solver"], "search": ["agent"]},
 
 def _data_paths(path: Path) -> list[str]:
     """Data-file paths named under env.args of a config (after `base:` inheritance)."""
-    from drmas.config import _read_yaml
+    from drmas.config.loader import _read_yaml
 
     args = _read_yaml(path, seen=()).get("env", {}).get("args", {})
     found = []
