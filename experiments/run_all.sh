@@ -81,6 +81,16 @@ if want train; then
   if [ "$SCALE" = cpu ] && [ -z "$RUNS" ]; then  # first: it is short and it is the test of the mechanism (claim a)
     stage "train: the mechanism sweep ($MECH): retrieval-miss rate x estimator x seed, short runs without evaluation"
     "$PY" -m experiments.grid run "$MECH" --jobs "$JOBS" --device "$DEVICE" --stale "$STALE"
+    stage "train: rollout probes of the search system's outcome structure (experiments/probe_search.py, ~2 min)"
+    mkdir -p results/mechanism
+    for miss in 0 0.6 0.8 0.9; do  # the levels the grid's miss rate was chosen from (search_base.yaml)
+      probe="results/mechanism/probe_miss$miss.json"
+      if [ -s "$probe" ]; then done_already "$probe"; else
+        "$PY" -m experiments.probe_search experiments/configs/cpu/search_base.yaml env.args.miss_rate=$miss \
+          train.batch_tasks=8 --steps 4 --grad-samples 40 --out "$probe" > "$probe.log" 2>&1 \
+          || { echo "[run_all] probe at miss $miss failed; see $probe.log"; exit 1; }
+      fi
+    done
   fi
   stage "train: the $SCALE grid ($GRID): SFT warm-up of missing base checkpoints, then every run not yet complete"
   "$PY" -m experiments.grid run "$GRID" --jobs "$JOBS" --device "$DEVICE" --stale "$STALE" ${SEEDS:+--seeds "$SEEDS"} \

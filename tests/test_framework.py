@@ -26,6 +26,15 @@ def test_overrides_and_effective_per_agent_config():
     assert cfg.algo.estimator == "trajectory_grpo"
 
 
+def test_override_of_a_yaml_alias_changes_only_that_key(tmp_path):
+    # search_base.yaml writes `search_model: *nano_base`: an override of one model must not reach the others
+    path = tmp_path / "c.yaml"
+    path.write_text("models:\n  a: &base {path: x}\n  b: *base\n"
+                    "agents: [{name: solver, role: math_solver, model: a}, {name: verifier, role: math_verifier, model: b}]\n")
+    cfg = load_config(path, ["models.a.path=y"])
+    assert (cfg.models["a"].path, cfg.models["b"].path) == ("y", "x")
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["train.stepz=3"], "train.stepz: unknown key"),
     (["train.steps=-1"], "train.steps"),

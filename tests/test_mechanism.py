@@ -2,8 +2,10 @@
 retries and wrong verdicts, per-agent invalid-action penalties."""
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -165,3 +167,28 @@ def test_a_short_rebuild_of_a_base_is_deterministic(tmp_path):
     a, b = build("a"), build("b")
     for rel in ("tokenizer/tokenizer.json", "base_nano/model.safetensors", "base_nano/config.json"):
         assert (a / rel).read_bytes() == (b / rel).read_bytes(), rel
+
+
+# ------------------------------------------------------------------ the rollout probe (experiments/probe_search.py)
+def test_probe_classifies_each_trajectory_by_outcome():
+    from experiments.probe_search import classify
+
+    answered = np.array([True, True, True, False, False])
+    informed = np.array([True, True, False, False, True])
+    reward = np.array([1.0, 0.0, 0.0, 0.0, 0.0])
+    assert classify(answered, informed, reward).tolist() == ["S", "W", "U", "E", "E"]
+
+
+def test_probe_runs_on_the_shipped_search_base(tmp_path):
+    from experiments.probe_search import OUTCOMES, main
+
+    if not Path("results/sft/search/base_nano/config.json").exists():
+        pytest.skip("the shipped search base results/sft/search/base_nano is absent")
+    out = tmp_path / "probe.json"
+    assert main(["experiments/configs/cpu/search_base.yaml", "train.batch_tasks=2", "train.group_size=4",
+                 "--steps", "1", "--grad-samples", "2", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["trajectories"] == 8
+    assert abs(sum(result["outcomes"][c] for c in OUTCOMES) - 1) < 1e-6
+    assert all(v["mean"] >= 0 and v["max"] >= v["mean"] for v in result["factors"].values())
+    assert all(v["mean"] is None or v["mean"] > 0 for v in result["answer_grad_norm"].values())

@@ -2,7 +2,6 @@
 :class:`~drmas.config.schema.RunConfig`; and writing one back as YAML."""
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +86,17 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _unshared(node: Any) -> Any:
+    """A copy in which no two places share one object. ``copy.deepcopy`` keeps YAML aliases shared
+    (``search_model: *nano_base``), so an override of one model would silently change every model that
+    the file wrote as an alias of it."""
+    if isinstance(node, dict):
+        return {k: _unshared(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_unshared(v) for v in node]
+    return node
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Read a YAML config (or the defaults), apply overrides, validate. Raises ConfigError."""
     data: dict[str, Any] = {}
@@ -94,7 +104,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if path is not None:
         data = _read_yaml(Path(path), seen=())
         source = str(path)
-    data = copy.deepcopy(data)
+    data = _unshared(data)
     for item in overrides or []:
         keys, value = parse_override(item)
         _set_path(data, keys, value, item)

@@ -1,0 +1,154 @@
+"""Rollout-only probe of the search system's outcome structure: does how often each agent acts depend on the
+outcome, and how large is each agent's Lemma 4.2 factor? No training; seconds per setting.
+
+    python -m experiments.probe_search experiments/configs/cpu/search_base.yaml [KEY=VALUE ...] \
+        [--steps 4] [--grad-samples 48] [--out probe.json]
+
+For ``--steps`` training batches (the run's own task stream and rollout seeds, so step 0 is the rollout a
+run of this config sees first) it classifies every trajectory:
+
+- S: answered from a history that holds a gold answer, correct;  W: the same, wrong;
+- U: answered from a history without the answer (the Verifier said yes too early);
+- E: unanswered (the 4-turn budget ran out; reward 0).
+
+and reports each agent's Lemma 4.2 factor under the two global baselines (``drmas.algos.lemma_factors``,
+mean and max over task groups), the Verifier's P(yes) after a search by the question's hop count and
+whether the history then holds the answer, and, with ``--grad-samples N``, the mean per-sample gradient norm ||∇ Σ_t log π(y_t)|| of up to N
+Answer-agent steps in successful and in failed trajectories. Lemma 4.2 takes that gradient z to be
+independent of the outcome; if successes have smaller per-sample gradients (confident responses), the
+factor inflates E_k[A²] but not the gradient norm. docs/mechanism.md quotes this probe's numbers.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from drmas.algos import lemma_factors
+from drmas.config import load_config
+from drmas.io import atomic_write_json
+from drmas.models.logprobs import batch_logprobs, make_batch
+from drmas.trainer.rollout import run_rollout
+from drmas.trainer.trainer import Trainer
+
+logger = logging.getLogger("experiments.probe_search")
+OUTCOMES = ("S", "W", "U", "E")
+
+
+def classify(answered: np.ndarray, informed: np.ndarray, reward: np.ndarray) -> np.ndarray:
+    """Outcome class of each trajectory (see the module doc): S, W, U or E."""
+    return np.where(~answered, "E", np.where(~informed, "U", np.where(reward > 0, "S", "W")))
+
+
+def _holds_answer(text: str, answers) -> bool:
+    low = text.lower()
+    return any(a.lower() in low for a in answers)
+
+
+def _sample_grad_norm(worker, prompt_ids, response_ids, temperature: float) -> float:
+    """||∇_θ Σ_t log π_θ(y_t | prefix)|| of one (prompt, response) pair on the worker's model."""
+    model = worker.model
+    model.zero_grad(set_to_none=True)
+    packed = make_batch([prompt_ids], [response_ids], worker.pad_id, device=worker.device)
+    logp, _ = batch_logprobs(model, packed, temperature=temperature)
+    logp.sum().backward()
+    sq = sum(float(p.grad.double().pow(2).sum()) for p in model.parameters() if p.grad is not None)
+    model.zero_grad(set_to_none=True)
+    return sq ** 0.5
+
+
+def probe(config: str, overrides: list[str], steps: int, grad_samples: int) -> dict:
+    cfg = load_config(config, ["train.evaluate=false", "name=probe", "out_dir=/tmp/drmas-probe", *overrides])
+    trainer = Trainer(cfg)
+    env_of_batch: list = []
+
+    def make_env():
+        env = trainer.source.make_env()
+        env_of_batch.append(env)
+        return env
+
+    classes, factors, verdicts = [], defaultdict(list), defaultdict(lambda: [0, 0])
+    answer_rows: dict[str, list] = {"success": [], "failure": []}
+    t0 = time.perf_counter()
+    for step in range(steps):
+        tasks = trainer.source.train_tasks(step, cfg.train.batch_tasks, seed=cfg.train.seed)
+        env_of_batch.clear()
+        ro = run_rollout(tasks, cfg.train.group_size, trainer.orchestra, make_env, trainer.slots,
+                         trainer.backend.generators(), seed=cfg.train.seed * 1_000_003 + step)
+        env, table = env_of_batch[0], ro.table
+        table.assign_rewards(ro.traj_reward, trainer.invalid_penalties)
+        for baseline in ("trajectory_grpo", "pooled_grpo"):
+            for row in lemma_factors(table.score, table.task, table.agent, table.traj, baseline).itertuples():
+                factors[(baseline, row.agent)].append(row.factor)
+        n = len(ro.traj_reward)
+        answered = np.zeros(n, bool)
+        answered[table.traj[table.agent == "answer"]] = True
+        turns = [env.turns(i) for i in range(n)]
+        informed = np.array([_holds_answer(" ".join(t["observation"] for t in turns[i]), env.tasks[i].answers)
+                             for i in range(n)])
+        cls = classify(answered, informed, ro.traj_reward)
+        classes.extend(cls.tolist())
+        # the Verifier's verdict after each search, against whether the history then held the answer
+        for row in np.flatnonzero(table.agent == "verifier"):
+            i, turn = int(table.traj[row]), int(table.turn[row])
+            if turn == 0:
+                continue
+            seen = " ".join(t["observation"] for t in turns[i][:turn])
+            hops = env.tasks[i].meta.get("n_hops", "?")
+            key = f"{hops}-hop {'informed' if _holds_answer(seen, env.tasks[i].answers) else 'uninformed'}"
+            verdicts[key][0] += "<verify>yes</verify>" in table.texts[row].lower()
+            verdicts[key][1] += 1
+        for row in np.flatnonzero(table.agent == "answer"):
+            kind = "success" if ro.traj_reward[table.traj[row]] > 0 else "failure"
+            answer_rows[kind].append((table.prompt_ids[row], table.response_ids[row], table.wg[row]))
+        logger.info("step %d: %d trajectories, reward %.3f", step, n, float(ro.traj_reward.mean()))
+
+    cls = np.array(classes)
+    out = {"config": config, "overrides": overrides, "steps": steps, "trajectories": int(cls.size),
+           "seconds": round(time.perf_counter() - t0, 1),
+           "outcomes": {c: round(float((cls == c).mean()), 3) for c in OUTCOMES},
+           "factors": {f"{b}/{a}": {"mean": round(float(np.mean(v)), 3), "max": round(float(np.max(v)), 3),
+                                    "groups": len(v)} for (b, a), v in sorted(factors.items())},
+           "verifier_p_yes": {k: {"p": round(y / max(m, 1), 3), "calls": m} for k, (y, m) in sorted(verdicts.items())}}
+    if grad_samples:
+        temperature = trainer.slots["answer"].sampling.temperature
+        workers = trainer.backend.generators()
+        rng = np.random.default_rng(0)
+        norms = {}
+        for kind, rows in answer_rows.items():
+            pick = rng.permutation(len(rows))[:grad_samples]
+            norms[kind] = [_sample_grad_norm(workers[rows[j][2]], rows[j][0], rows[j][1], temperature) for j in pick]
+        out["answer_grad_norm"] = {k: {"mean": round(float(np.mean(v)), 4) if v else None, "samples": len(v)}
+                                   for k, v in norms.items()}
+    trainer.backend.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides, as for `drmas train`")
+    p.add_argument("--steps", type=int, default=4, help="training batches to roll out (default 4)")
+    p.add_argument("--grad-samples", type=int, default=0,
+                   help="per-sample gradient norms of up to N Answer-agent steps per outcome (default 0: off)")
+    p.add_argument("--out", type=Path, help="also write the result as JSON here")
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.grad_samples < 0:
+        p.error("--steps must be >= 1 and --grad-samples >= 0")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    torch.set_num_threads(1)
+    result = probe(args.config, args.overrides, args.steps, args.grad_samples)
+    if args.out:
+        atomic_write_json(args.out, result)
+    logger.info("%s", json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
