@@ -31,9 +31,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from drmas.algos import SpikeRule, spike_ratios
+from drmas.io import atomic_output
 
 from analysis.runs import GridData, run_averages
-from analysis.tables import ABLATION, PAIRS, SETTINGS
+from analysis.tables import ABLATION, MAIN_ESTIMATORS, PAIRS, SETTINGS
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +59,9 @@ def save(fig: Figure | None, out_dir: Path, stem: str) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{stem}.png", out_dir / f"{stem}.pdf"]
-    fig.savefig(paths[0], dpi=150, bbox_inches="tight")
-    fig.savefig(paths[1], bbox_inches="tight")
+    for path, kw in zip(paths, ({"format": "png", "dpi": 150}, {"format": "pdf"})):
+        with atomic_output(path) as tmp:
+            fig.savefig(str(tmp), bbox_inches="tight", **kw)
     return paths
 
 
@@ -168,7 +170,8 @@ def fig_training(data: GridData, task: str, settings: Sequence[str] = (*SETTINGS
 
 def fig_ablation(data: GridData, task: str, seeds: Sequence[int] | None = None) -> Figure | None:
     settings = [v.ours for v in ABLATION]
-    if not any(s in set(data.runs.loc[data.runs["task"] == task, "setting"]) for s in settings[1:3] + settings[4:]):
+    ablation_only = [v.ours for v in ABLATION if v.estimator not in MAIN_ESTIMATORS]
+    if not any(s in set(data.runs.loc[data.runs["task"] == task, "setting"]) for s in ablation_only):
         return None
     fig = _figure(14, 3.6)
     ax1, ax2, ax3 = fig.subplots(1, 3)

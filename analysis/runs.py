@@ -45,9 +45,19 @@ TAGS = ("task", "setting", "estimator", "assignment", "entry", "seed", "level") 
 RUN_COLUMNS = ["run", *TAGS, "status", "seconds", "path", "n_steps", "last_step", "last_eval_step", "usable", "problem"]
 EVAL_COLUMNS = ["run", "step", "benchmark", "avg", "pass", "k", "n_tasks", "successes"]
 
-# estimator -> the setting suffix the grid uses (analysis/data/paper_tables.csv names)
 ESTIMATOR_SETTING = {"trajectory_grpo": "grpo", "drmas": "drmas", "drmas_mean_only": "(mu_k,sigma)",
                      "drmas_std_only": "(mu,sigma_k)", "pooled_grpo": "pooled_step"}
+"""The one map from an estimator's registry key (``algo.estimator``, the grid's ``estimator`` tag) to the spelling
+of the setting tags (the names of analysis/data/paper_tables.csv); build a tag with :func:`setting_of`."""
+
+
+def setting_of(assignment: str, estimator: str) -> str:
+    """The setting tag of a run: ``nonsharing_drmas``, ``sharing_grpo`` (the paper's two estimators) or
+    ``nonsharing:(mu_k,sigma)`` (the ablation's); ``single_agent_grpo`` for one agent."""
+    if assignment == "single":
+        return "single_agent_grpo"
+    suffix = ESTIMATOR_SETTING.get(estimator, estimator)
+    return f"{assignment}_{suffix}" if suffix in ("grpo", "drmas") else f"{assignment}:{suffix}"
 
 
 class GridLoadError(ValueError):
@@ -118,12 +128,11 @@ def tags_from_manifest(manifest: dict[str, Any], run: str) -> dict[str, Any]:
     models = cfg.get("models", {})
     presets = {m.get("preset") for m in models.values() if isinstance(m, dict)}
     if len(agents) <= 1:
-        assignment, setting = "single", "single_agent_grpo"
+        assignment = "single"
     else:
         assignment = "sharing" if len({a.get("model") for a in agents}) == 1 else (
             "hetero" if len(presets) > 1 else "nonsharing")
-        suffix = ESTIMATOR_SETTING.get(estimator, estimator)
-        setting = f"{assignment}_{suffix}" if suffix in ("grpo", "drmas") else f"{assignment}:{suffix}"
+    setting = setting_of(assignment, estimator)
     seed = manifest.get("seeds", {}).get("train", cfg.get("train", {}).get("seed", 0))
     return {"task": task, "setting": setting, "estimator": estimator, "assignment": assignment,
             "entry": run, "seed": int(seed)}

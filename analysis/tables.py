@@ -24,7 +24,9 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from analysis.runs import GridData, benchmarks_of
+from drmas.io import atomic_write_text
+
+from analysis.runs import GridData, benchmarks_of, setting_of
 from analysis.stats import (N_BOOT, Interval, average_interval, bootstrap_ci, grad_norm_summary, paired_test,
                             task_scores)
 
@@ -43,20 +45,27 @@ NOT_RUN = "not run"
 
 @dataclass(frozen=True)
 class Variant:
-    """A row of Table 3: our setting tag and the paper's setting name (None: not in the paper)."""
+    """A row of Table 3, named by its estimator (the ``drmas.algos`` registry key, ``algo.estimator``):
+    its label in our tables, our setting tag and the paper's setting name (None: not in the paper)."""
 
+    estimator: str
     label: str
     ours: str
     paper: str | None
 
 
 ABLATION = (
-    Variant("(mu,sigma) = GRPO", "nonsharing_grpo", "nonsharing:(mu,sigma)=grpo"),
-    Variant("(mu_k,sigma)", "nonsharing:(mu_k,sigma)", "nonsharing:(mu_k,sigma)"),
-    Variant("(mu,sigma_k)", "nonsharing:(mu,sigma_k)", "nonsharing:(mu,sigma_k)"),
-    Variant("(mu_k,sigma_k) = Dr. MAS", "nonsharing_drmas", "nonsharing:(mu_k,sigma_k)=drmas"),
-    Variant("pooled step-level (mu,sigma)", "nonsharing:pooled_step", None),
+    Variant("trajectory_grpo", "(mu,sigma) = GRPO", setting_of("nonsharing", "trajectory_grpo"),
+            "nonsharing:(mu,sigma)=grpo"),
+    Variant("drmas_mean_only", "(mu_k,sigma)", setting_of("nonsharing", "drmas_mean_only"), "nonsharing:(mu_k,sigma)"),
+    Variant("drmas_std_only", "(mu,sigma_k)", setting_of("nonsharing", "drmas_std_only"), "nonsharing:(mu,sigma_k)"),
+    Variant("drmas", "(mu_k,sigma_k) = Dr. MAS", setting_of("nonsharing", "drmas"), "nonsharing:(mu_k,sigma_k)=drmas"),
+    Variant("pooled_grpo", "pooled step-level (mu,sigma)", setting_of("nonsharing", "pooled_grpo"), None),
 )
+"""Table 3's rows in table order; look one up by estimator with :data:`VARIANT`, never by position."""
+VARIANT = {v.estimator: v for v in ABLATION}
+MAIN_ESTIMATORS = ("trajectory_grpo", "drmas")
+"""The two estimators of Tables 1-2; the others run only for the ablation."""
 PAPER_ABLATION_ORDER = ("(mu_k,sigma_k) = Dr. MAS", "(mu,sigma_k)", "(mu_k,sigma)", "(mu,sigma) = GRPO")
 
 
@@ -301,8 +310,8 @@ def ablation_long(final: pd.DataFrame, paper: pd.DataFrame, task: str, rng: np.r
     and the paper's value (Qwen2.5-7B, search non-sharing)."""
     seeds = ablation_seeds(final, task)
     acc = accuracy_long(final, task, rng, n_boot, settings=[v.ours for v in ABLATION], seeds=seeds)
-    base = ABLATION[0].ours
-    pairs = {v.ours: (v.ours, base) for v in ABLATION[1:]}
+    base = VARIANT["trajectory_grpo"].ours
+    pairs = {v.ours: (v.ours, base) for v in ABLATION if v.ours != base}
     f = final[(final["task"] == task) & final["seed"].isin(seeds)]
     deltas = paired_long(f, task, pairs, rng, n_boot)
     p3 = paper[paper["table"] == "table3"].set_index("setting")
@@ -477,8 +486,8 @@ def write_table(out_dir: Path, stem: str, shown: pd.DataFrame | Sequence[tuple[s
         if len(frame):
             tex.append(latex(frame, f"{caption} {title}".strip(), f"tab:{stem}{'-' + title.split()[0] if title else ''}"))
     paths = [out_dir / f"{stem}.md", out_dir / f"{stem}.tex", out_dir / f"{stem}.csv"]
-    paths[0].write_text("\n".join(md))
-    paths[1].write_text("\n".join(tex) if tex else f"% {caption}: {NOT_RUN}\n")
+    atomic_write_text(paths[0], "\n".join(md))
+    atomic_write_text(paths[1], "\n".join(tex) if tex else f"% {caption}: {NOT_RUN}\n")
     csv = numeric if numeric is not None else (parts[0][1] if parts else pd.DataFrame())
-    csv.to_csv(paths[2], index=numeric is None)
+    atomic_write_text(paths[2], csv.to_csv(index=numeric is None))
     return paths

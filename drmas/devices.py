@@ -8,7 +8,7 @@
   gradients and optimizer states stay float32; forward passes run under ``torch.autocast`` in bfloat16,
   and log-probs / entropies are still reduced in float32 from the bf16 logits).
 
-The module imports torch and drmas.config only; it is the one place that turns the two strings into torch
+The module imports torch only; it is the one place that turns the two strings into torch
 objects.
 """
 from __future__ import annotations
@@ -20,7 +20,8 @@ from typing import ContextManager
 
 import torch
 
-from drmas.config import DEVICE_PATTERN
+DEVICE_PATTERN = r"^(auto|cpu|cuda(:\d+)?)$"
+"""The values ``train.device`` accepts (resolved by :func:`resolve_device`)."""
 
 PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
 """Precision name -> autocast dtype of the forward passes (``None``: no autocast, plain float32)."""

@@ -14,7 +14,8 @@
 **Atomic write** (:func:`atomic_write_bytes` / :func:`atomic_write_text` / :func:`atomic_write_json`): the data
 goes to a uniquely named temporary file in the same folder (:func:`atomic_output`, for any writer), is
 fsynced, then renamed over the target, so a reader sees the old file or the new one, never a mixture, and
-two writers never share a temporary file.
+two writers never share a temporary file. A folder (a checkpoint, a tokenizer, an index) is written the
+same way: filled in a temporary sibling, then renamed into place (:func:`atomic_folder`).
 """
 from __future__ import annotations
 
@@ -22,11 +23,12 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +127,35 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def atomic_folder(path: str | Path, if_exists: Literal["replace", "keep"] = "replace") -> Iterator[Path]:
+    """Yield a fresh temporary folder beside ``path`` for the caller to fill (a checkpoint, a tokenizer, an
+    index); on success it is renamed onto ``path``, so a reader never sees a half-written folder; on an
+    exception it is removed and ``path`` is untouched. An existing ``path``: ``replace`` moves it aside,
+    renames the new one in and removes the old one (between the two renames, for an instant, there is no
+    ``path``); ``keep`` keeps it and discards ours (a concurrent writer of the same content got there first)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        yield tmp
+        if if_exists == "keep":
+            try:
+                os.rename(tmp, path)
+            except OSError:
+                if not path.is_dir():
+                    raise
+        elif path.exists():
+            old = path.with_name(f".{path.name}.old-{os.getpid()}")
+            path.rename(old)
+            tmp.rename(path)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from drmas.io import read_jsonl
+
 logger = logging.getLogger("experiments.device_report")
 VOLATILE = ("timing/",)
 """Metric key prefixes that measure wall time, not the computation (left out of run comparisons)."""
@@ -30,7 +32,7 @@ def load_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: the run wrote no step (see its log)")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_jsonl(path)  # the project's one JSONL rule (drmas/io.py)
 
 
 def agents_of(records: list[dict[str, Any]]) -> list[str]:

@@ -33,8 +33,8 @@ import torch
 assert torch.cuda.is_available(), "no CUDA device visible"
 EOF
 
-echo "== OpenRLHF API check (drmas/trainer/openrlhf_seam.py)"
-"$PY" -c "from drmas.trainer.openrlhf_seam import require_openrlhf_api as r; r(strict_version=False); print('  seam matches')"
+echo "== OpenRLHF API check (drmas/workers/openrlhf/seam.py)"
+"$PY" -c "from drmas.workers.openrlhf.seam import require_openrlhf_api as r; r(strict_version=False); print('  seam matches')"
 
 # The CPU math config with the GPU path switched on; the models get their own paths so that the CPU grid's
 # SFT checkpoints are never touched.

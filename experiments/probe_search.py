@@ -34,7 +34,7 @@ from drmas.algos import lemma_factors
 from drmas.config import load_config
 from drmas.io import atomic_write_json
 from drmas.models.logprobs import batch_logprobs, make_batch
-from drmas.trainer.rollout import run_rollout
+from drmas.trainer.collect import collect
 from drmas.trainer.trainer import Trainer
 
 logger = logging.getLogger("experiments.probe_search")
@@ -79,8 +79,8 @@ def probe(config: str, overrides: list[str], steps: int, grad_samples: int) -> d
     for step in range(steps):
         tasks = trainer.source.train_tasks(step, cfg.train.batch_tasks, seed=cfg.train.seed)
         env_of_batch.clear()
-        ro = run_rollout(tasks, cfg.train.group_size, trainer.orchestra, make_env, trainer.slots,
-                         trainer.backend.generators(), seed=cfg.train.seed * 1_000_003 + step)
+        ro = collect(tasks, cfg.train.group_size, trainer.orchestra, make_env, trainer.slots,
+                     trainer.backend.generators(), seed=cfg.train.seed * 1_000_003 + step)
         env, table = env_of_batch[0], ro.table
         table.assign_rewards(ro.traj_reward, trainer.invalid_penalties)
         for baseline in ("trajectory_grpo", "pooled_grpo"):

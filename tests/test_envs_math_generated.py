@@ -10,7 +10,7 @@ from envs.base import Task
 from envs.math.data import task_from_record, task_to_record
 from envs.math.generated import (difficulty_spec, generate_tasks, single_agent_traces, solver_traces,
                                  verifier_traces, worked_solution, wrong_solution)
-from envs.math.grader import extract_boxed
+from envs.math.answers import extract_boxed
 
 _WORD_OPS = [(r"(?:buys|finds|gets) (\d+) more", lambda v, n: v + n),
              (r"(?:gives away|loses|sells) (\d+)", lambda v, n: v - n),

@@ -10,8 +10,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from envs.math.grader import (MathGrader, extract_boxed, fast_match, grade_batch, normalize_answer,
-                              parse_rational)
+from envs.math.answers import extract_boxed, fast_match, normalize_answer, parse_rational
+from envs.math.grader import MathGrader, grade_batch
 
 PATHOLOGICAL = "10^{10^{10}}"  # sympy computes this integer exactly: minutes of C-level work, no signal helps
 

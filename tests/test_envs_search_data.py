@@ -209,7 +209,7 @@ def test_prepare_generated(tmp_path, monkeypatch):
 def test_prepare_generated_serves_the_kb_of_a_run_config(tmp_path, monkeypatch):
     """`--gen-kb` with a run config's env.args.kb writes the very corpus that run retrieves from in-process
     (what a retrieval server for that run must serve); bad mappings name the fields."""
-    from drmas.trainer.tasks import SearchGenerated
+    from drmas.tasks import SearchGenerated
 
     monkeypatch.setenv("DRMAS_DATA_DIR", str(tmp_path / "cache"))
     kb = {"n_countries": 4, "n_cities": 9, "n_companies": 7, "n_people": 40}

@@ -187,7 +187,7 @@ def test_registering_a_new_orchestra_is_a_decorator_away():
 
 @pytest.fixture(scope="module")
 def search_source():
-    from drmas.trainer.tasks import make_task_source
+    from drmas.tasks import make_task_source
 
     return make_task_source("search_generated")
 

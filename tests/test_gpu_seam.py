@@ -26,8 +26,8 @@ from drmas.rollout.vllm_engine import (
     truncate_prompt,
     vllm_sampling_kwargs,
 )
-from drmas.trainer import openrlhf_backend as backend_mod
-from drmas.trainer import openrlhf_seam as seam
+from drmas.workers.openrlhf import backend as backend_mod
+from drmas.workers.openrlhf import seam
 from drmas.workers.policy import UpdateBatch
 
 HAS_OPENRLHF = importlib.util.find_spec("openrlhf") is not None
@@ -447,7 +447,7 @@ def test_group_settings_need_a_checkpoint_and_consistent_config():
         (["algo.kl_coef=0.01"], "no reference model"),
         (["models.shared.resources.num_gpus=4", "models.shared.rollout.tensor_parallel_size=3"], "does not divide"),
         (["agents.verifier.sampling.temperature=0.7"], "one temperature"),
-        (["algo.aggregation=seq_mean_token_sum"], "no OpenRLHF equivalent"),
+        (["algo.aggregation=seq_mean_token_sum"], "no equivalent in the openrlhf backend"),
     ]:
         with pytest.raises(ConfigError, match=message):
             load_config(None, base + extra)
@@ -489,7 +489,7 @@ class _Group:
 
 
 def test_backend_pushes_weights_once_per_step_and_time_shares(monkeypatch, tokenizer):
-    monkeypatch.setattr(backend_mod, "_ray_get", lambda refs, key="?": refs)
+    monkeypatch.setattr(backend_mod, "ray_get", lambda key, refs: refs)
     monkeypatch.setattr(backend_mod, "_vllm_sampling_params", dict)
     eos = tokenizer.eos_token_id
     log: list = []

@@ -108,7 +108,7 @@ def test_noisy_traces_teach_retries_budget_ends_and_wrong_verdicts(kb, retriever
 
 
 def test_search_source_passes_the_knobs_and_validates_them():
-    from drmas.trainer.tasks import make_task_source
+    from drmas.tasks import make_task_source
 
     src = make_task_source("search_generated", miss_rate=0.3, traces={"miss_rate": 0.2, "verdict_noise": 0.05})
     assert src.make_env().miss_rate == 0.3 and src.trace_noise.miss_rate == 0.2

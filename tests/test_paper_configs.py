@@ -28,7 +28,7 @@ AGENTS = {"single": {"math": ["solver"], "search": ["agent"]},
 
 def _data_paths(path: Path) -> list[str]:
     """Data-file paths named under env.args of a config (after `base:` inheritance)."""
-    from drmas.config import _read_yaml
+    from drmas.config.loader import _read_yaml
 
     args = _read_yaml(path, seen=()).get("env", {}).get("args", {})
     found = []
@@ -123,7 +123,7 @@ def test_search_values(load, name):
         assert cfg.effective_optim(key).mini_batches == 5  # 5 updates per step
         assert (m.rollout.max_prompt_tokens, m.rollout.max_model_len) == (4096, 4096 + 800)
     assert all(a.sampling.max_new_tokens == 800 for a in cfg.agents)
-    from drmas.trainer.tasks import TASK_SOURCES
+    from drmas.tasks import TASK_SOURCES
 
     inspect.signature(TASK_SOURCES.get("search_dataset")).bind(**cfg.env.args)  # the source takes these args
 
@@ -144,7 +144,7 @@ def test_heterogeneous_assignment(load):
 
 
 def test_math_dataset_takes_the_math_args(load):
-    from drmas.trainer.tasks import TASK_SOURCES
+    from drmas.tasks import TASK_SOURCES
 
     cfg = load("math_qwen3-4b_nonsharing.yaml")
     inspect.signature(TASK_SOURCES.get("math_dataset")).bind(**cfg.env.args)
@@ -152,7 +152,7 @@ def test_math_dataset_takes_the_math_args(load):
 
 def test_worker_group_settings_from_a_paper_config(load):
     """What the openrlhf backend would build for each worker group (no GPU needed to derive it)."""
-    from drmas.trainer.openrlhf_seam import group_settings, openrlhf_overrides
+    from drmas.workers.openrlhf.seam import group_settings, openrlhf_overrides
     from drmas.workers.policy import WorkerSpec
 
     cfg = load("math_qwen3-4b_nonsharing.yaml")

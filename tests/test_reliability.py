@@ -72,7 +72,7 @@ BAD_CONFIGS = [
     ("unknown name", ["algo.estimator=grpo"], "algo.estimator", "use one of them"),
     ("unknown name", ["env.name=math_datasett"], "env.name", "use one of them"),
     ("unknown name", ["algo.ddof=2"], "algo.ddof", "use 0 or 1"),
-    ("unknown name", ["train.backend=gpu"], "train.backend", "use 'local'"),
+    ("unknown name", ["train.backend=gpu"], "train.backend", "use one of them"),
     ("missing data file", ["env.name=math_dataset", "env.args={train: no/such/train.jsonl, test: {}}"],
      "env.args.train", "drmas data prepare"),
     ("missing data file", ["env.eval_args={test: {aime24: no/such/aime24.jsonl}}"], "env.eval_args.test.aime24",
@@ -290,7 +290,7 @@ SYSTEMS = {  # orchestra -> (task source, {slot: role}, penalty c)
 
 @pytest.fixture(scope="module")
 def sources():
-    from drmas.trainer.tasks import make_task_source
+    from drmas.tasks import make_task_source
 
     built = {"math_generated": make_task_source("math_generated", grader_timeout_s=1.0),  # garbage can take math-verify long
              "search_generated": make_task_source("search_generated")}
@@ -308,14 +308,14 @@ def test_rollout_of_arbitrary_output_marks_invalid_and_applies_the_penalty(sourc
     from drmas.algos import compute_advantages
     from drmas.orchestra import make_orchestra
     from drmas.rollout.base import SamplingParams
-    from drmas.trainer.rollout import AgentSlot, run_rollout
+    from drmas.trainer.collect import AgentSlot, collect
 
     source_name, roles, c = SYSTEMS[orchestra]
     source = sources[source_name]
     agents = {slot: make_agent(role, slot) for slot, role in roles.items()}
     slots = {slot: AgentSlot(agent, "model", SamplingParams()) for slot, agent in agents.items()}
-    rollout = run_rollout(source.train_tasks(0, 2, seed=0), 2, make_orchestra(orchestra), source.make_env, slots,
-                          {"model": ScriptedGenerator(texts)}, seed=0)
+    rollout = collect(source.train_tasks(0, 2, seed=0), 2, make_orchestra(orchestra), source.make_env, slots,
+                      {"model": ScriptedGenerator(texts)}, seed=0)
     table = rollout.table
     table.assign_rewards(rollout.traj_reward, c)
     assert len(table) > 0 and np.isin(rollout.traj_reward, (0.0, 1.0)).all()
@@ -452,7 +452,8 @@ def test_server_load_test_bounded_concurrency(tmp_path):
 
 # ========================================================================================= torn records
 def test_a_torn_last_line_is_dropped_on_resume(tmp_path):
-    from drmas.trainer.metrics import MetricsSink, read_jsonl
+    from drmas.io import read_jsonl
+    from drmas.trainer.metrics import MetricsSink
 
     sink = MetricsSink(tmp_path)
     for step in range(3):
@@ -472,7 +473,8 @@ def test_a_torn_last_line_is_dropped_on_resume(tmp_path):
 def test_resume_from_no_checkpoint_drops_the_initial_evaluation(tmp_path):
     """A run killed before its first checkpoint evaluates step 0 again: the old record must go, or
     eval.jsonl would hold step 0 twice."""
-    from drmas.trainer.metrics import MetricsSink, read_jsonl
+    from drmas.io import read_jsonl
+    from drmas.trainer.metrics import MetricsSink
 
     sink = MetricsSink(tmp_path)
     sink.write_eval({"step": 0, "benchmark": "b", "k": 2, "avg": 0.5, "pass": 1.0})
@@ -492,10 +494,10 @@ def test_a_damaged_line_before_the_last_is_an_error_not_a_silent_gap(tmp_path):
 
 def test_appends_are_whole_lines_from_concurrent_writers(tmp_path):
     """One write(2) per record with O_APPEND: lines from several threads never interleave."""
-    from drmas.trainer.metrics import _append_line, read_jsonl
+    from drmas.io import append_jsonl, read_jsonl
 
     path = tmp_path / "m.jsonl"
     with ThreadPoolExecutor(4) as pool:
-        list(pool.map(lambda i: _append_line(path, {"step": i, "pad": "x" * 5000}), range(200)))
+        list(pool.map(lambda i: append_jsonl(path, {"step": i, "pad": "x" * 5000}), range(200)))
     assert sorted(r["step"] for r in read_jsonl(path)) == list(range(200))
     assert os.path.getsize(path) == sum(len(json.dumps({"step": i, "pad": "x" * 5000})) + 1 for i in range(200))

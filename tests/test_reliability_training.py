@@ -110,7 +110,7 @@ def _inject(kill: str) -> None:
 
     import drmas.trainer.metrics as metrics_module
     import drmas.trainer.trainer as trainer_module
-    from drmas.trainer.backends import LocalBackend
+    from drmas.workers.local import LocalBackend
 
     site, _, arg = kill.partition(":")
     step = int(arg) if arg else -1
@@ -127,7 +127,7 @@ def _inject(kill: str) -> None:
 
         LocalBackend.update = update
     elif site == "append":  # half of the metrics line of `step` reaches the file
-        real_append = metrics_module._append_line
+        real_append = metrics_module.append_jsonl
 
         def append(path, record):
             if path.name == "metrics.jsonl" and record.get("step") == step:
@@ -139,7 +139,7 @@ def _inject(kill: str) -> None:
                 _kill_self()
             real_append(path, record)
 
-        metrics_module._append_line = append
+        metrics_module.append_jsonl = append
     elif site == "eval":  # the evaluation of `step` is recorded, its checkpoint not yet written
         real_evaluate = Trainer.evaluate
 
@@ -469,9 +469,9 @@ def _kill_actor_during_update(trainer, ray, key: str, step: int, times: int) -> 
             refs = {k: a.update.remote(batches[k], step_seed) for k, a in backend.actors.items()}
             os.kill(pid, signal.SIGKILL)
             state["kills"] += 1
-            from drmas.trainer.backends import _get
+            from drmas.workers.base import ray_get
 
-            return {k: _get(k, ref) for k, ref in refs.items()}
+            return {k: ray_get(k, ref) for k, ref in refs.items()}
         return real_update(batches, step_seed)
 
     backend.update = update

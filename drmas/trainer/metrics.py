@@ -40,8 +40,9 @@ import numpy as np
 import pandas as pd
 
 from drmas.algos import SpikeDetector, lemma_factors
-from drmas.io import append_jsonl as _append_line, read_jsonl, read_jsonl_lines, write_jsonl  # noqa: F401 (re-exported)
+from drmas.io import append_jsonl, read_jsonl_lines, write_jsonl
 from drmas.step_table import StepTable
+from drmas.trainer.collect import Collected
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def _lemma_factor_stats(table: StepTable, estimator: str) -> dict[str, float]:
     return out
 
 
-def step_metrics(table: StepTable, rollout, update: dict[str, dict[str, Any]],
+def step_metrics(table: StepTable, rollout: Collected, update: dict[str, dict[str, Any]],
                  timings: dict[str, float], spikes: dict[str, SpikeDetector], estimator: str) -> dict[str, Any]:
     m: dict[str, Any] = {
         "reward/mean": float(rollout.traj_reward.mean()), "reward/std": float(rollout.traj_reward.std()),
@@ -159,7 +160,7 @@ class MetricsSink:
         return self._tb
 
     def write_step(self, step: int, metrics: dict[str, Any]) -> None:
-        _append_line(self.metrics_path, {"step": step, **metrics})
+        append_jsonl(self.metrics_path, {"step": step, **metrics})
         tb = self._writer()
         if tb:
             for key, value in metrics.items():
@@ -167,7 +168,7 @@ class MetricsSink:
                     tb.add_scalar(key, value, step)
 
     def write_eval(self, record: dict[str, Any]) -> None:
-        _append_line(self.eval_path, record)
+        append_jsonl(self.eval_path, record)
         tb = self._writer()
         if tb:
             tb.add_scalar(f"eval/{record['benchmark']}/avg@{record['k']}", record["avg"], record["step"])

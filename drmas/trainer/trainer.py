@@ -1,6 +1,6 @@
 """The multi-agent RL trainer. One training step, as data (DESIGN.md):
 
-    tasks ─► rollout (orchestra, batched agent calls) ─► step table ─► rewards (team reward − penalty)
+    tasks ─► rollout (orchestra, batched agent calls: trainer/collect.py) ─► step table ─► rewards (team reward − penalty)
           ─► advantages (drmas.algos.compute_advantages) ─► per-worker-group clipped policy update
 
 ``Trainer.train_step`` is exactly that pipeline, one call per phase, each timed (``timing/*``).
@@ -15,7 +15,7 @@ import shutil
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -31,10 +31,11 @@ from drmas.locks import folder_lock
 from drmas.devices import describe, resolve_device
 from drmas.orchestra import make_orchestra
 from drmas.rollout.base import SamplingParams
-from drmas.trainer.backends import WorkerDied, make_backend
 from drmas.trainer.metrics import MetricsSink, evaluation_metrics, step_metrics
-from drmas.trainer.rollout import AgentSlot, RolloutResult, run_rollout
-from drmas.trainer.tasks import make_task_source
+from drmas.trainer.collect import AgentSlot, collect
+from drmas.tasks import make_task_source
+from drmas.workers.base import WorkerDied, make_backend
+from drmas.workers.catalog import BACKENDS
 from drmas.workers.policy import UpdateBatch, WorkerSpec
 
 logger = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class Trainer:
                                  threads=cfg.train.threads, device=cfg.train.device, precision=cfg.train.precision)
                  for i, (key, m) in enumerate(cfg.models.items())}
         self.backend = make_backend(cfg.train.backend, specs)
+        self.capabilities = BACKENDS.get(cfg.train.backend).capabilities
         self.sink = MetricsSink(self.run_dir)
         self.spikes = {name: SpikeDetector() for name in [*cfg.models, *agent_names]}
         self.invalid_penalties = cfg.invalid_penalties()
@@ -88,15 +90,14 @@ class Trainer:
         timings: dict[str, float] = {}
         with _timed(timings, "rollout"):
             tasks = self.source.train_tasks(step, cfg.train.batch_tasks, seed=cfg.train.seed)
-            rollout = run_rollout(tasks, cfg.train.group_size, self.orchestra, self.source.make_env, self.slots,
-                                  self.backend.generators(), seed=cfg.train.seed * 1_000_003 + step)
+            rollout = collect(tasks, cfg.train.group_size, self.orchestra, self.source.make_env, self.slots,
+                              self.backend.generators(), seed=cfg.train.seed * 1_000_003 + step)
             table = rollout.table
         with _timed(timings, "rewards"):
             table.assign_rewards(rollout.traj_reward, self.invalid_penalties)
         with _timed(timings, "advantages"):
-            a = cfg.algo
-            adv = compute_advantages(table.score, table.task, table.agent, table.traj, estimator=a.estimator,
-                                     ddof=a.ddof, eps=a.eps, singleton=a.singleton, scale_by_std=a.scale_by_std)
+            adv = compute_advantages(table.score, table.task, table.agent, table.traj, estimator=cfg.algo.estimator,
+                                     **asdict(cfg.algo.conventions()))
             table.advantage = adv.advantages.double().numpy()
         with _timed(timings, "update"):
             update = self.backend.update({wg: self._update_batch(table, wg) for wg in cfg.models},
@@ -117,8 +118,8 @@ class Trainer:
         k = cfg.train.eval_samples
         sets = self.source.eval_sets(cfg.train.eval_tasks)
         tasks = [t for ts in sets.values() for t in ts]  # one batched rollout for every benchmark
-        rollout = run_rollout(tasks, k, self.orchestra, self.source.make_env, self.eval_slots,
-                              self.backend.generators(), seed=10_000_019 + step)
+        rollout = collect(tasks, k, self.orchestra, self.source.make_env, self.eval_slots,
+                          self.backend.generators(), seed=10_000_019 + step)
         bounds = np.cumsum([0] + [len(ts) for ts in sets.values()]) * k  # trajectories are task-major
         records = {name: evaluation_metrics(rollout.traj_reward[lo:hi], k)
                    for name, lo, hi in zip(sets, bounds[:-1], bounds[1:])}
@@ -154,7 +155,7 @@ class Trainer:
         checkpoint; or, past the restart budget (or on a backend that cannot restart), stop."""
         ckpt = self._checkpoint_step()
         where = f"its last checkpoint (step {ckpt}) is {self.ckpt_dir}" if ckpt else "it has no checkpoint yet"
-        if restarts > self.max_worker_restarts or not hasattr(self.backend, "restart"):
+        if restarts > self.max_worker_restarts or not self.capabilities.restart:
             self.sink.close()
             raise WorkerGroupLost(f"{exc} (during step {self.step}); the run stopped after {restarts - 1} worker "
                                   f"restart(s): {where}. Check the worker's log (memory, GPU), then start the same "

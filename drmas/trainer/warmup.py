@@ -17,7 +17,6 @@ import fcntl
 import logging
 import multiprocessing
 import os
-import shutil
 from contextlib import contextmanager
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -27,7 +26,8 @@ from typing import Any, Iterator
 from drmas.agents import AgentView, make_agent
 from drmas.checkpoints import build_record, check_base_checkpoint
 from drmas.config import RunConfig
-from drmas.trainer.tasks import TASK_SOURCES, TaskSource, make_task_source
+from drmas.io import atomic_folder
+from drmas.tasks import TASK_SOURCES, TaskSource, make_task_source
 from envs.base import Task
 
 logger = logging.getLogger(__name__)
@@ -113,13 +113,6 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _publish(tmp: Path, final: Path) -> None:
-    """Move a fully written folder into place (rename: a crash leaves no half-written checkpoint)."""
-    if final.exists():  # leftovers of a crashed earlier attempt (no config.json, or we would not be here)
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-
-
 def _warmup_locked(cfg: RunConfig, progress: bool) -> dict[str, Any]:
     from drmas.models.sft import SFTConfig
     from drmas.models.tokenizer import save_tokenizer, train_bytelevel_bpe
@@ -136,10 +129,8 @@ def _warmup_locked(cfg: RunConfig, progress: bool) -> dict[str, Any]:
         all_roles = sorted({r for rec in records if (r := source.agent_role_of(rec))})
         texts = [p + t for p, t in render_examples(records, all_roles, source)]
         tokenizer = train_bytelevel_bpe(texts, vocab_size=sft.vocab_size)
-        tmp = tok_dir.with_name(tok_dir.name + ".partial")
-        shutil.rmtree(tmp, ignore_errors=True)
-        save_tokenizer(tokenizer, tmp)
-        _publish(tmp, tok_dir)
+        with atomic_folder(tok_dir) as tmp:  # an existing tok_dir is a crashed attempt's leftover (no tokenizer.json)
+            save_tokenizer(tokenizer, tmp)
     jobs = []
     # every checkpoint gets the same seed: a checkpoint depends on its preset, roles and the sft block, not
     # on which config builds it or its position there (with seed + position, the search nano base came

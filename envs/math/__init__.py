@@ -6,7 +6,8 @@ standard library and numpy; math-verify runs in grader subprocesses, ``datasets`
 from envs.math.data import MATH_SETS, PAPER_TEST_SETS, PAPER_TRAIN_SETS, load_benchmark, load_prepared
 from envs.math.env import MathEnv
 from envs.math.generated import generate_tasks
-from envs.math.grader import GraderStats, MathGrader, default_grader, extract_boxed, grade_batch
+from envs.math.answers import extract_boxed
+from envs.math.grader import GraderStats, MathGrader, default_grader, grade_batch
 
 __all__ = [
     "MATH_SETS", "PAPER_TEST_SETS", "PAPER_TRAIN_SETS", "GraderStats", "MathEnv", "MathGrader",

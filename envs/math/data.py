@@ -25,7 +25,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from drmas.io import read_jsonl, write_jsonl
 from envs.base import Task
-from envs.math.grader import extract_boxed, fast_match
+from envs.math.answers import extract_boxed, fast_match
 from envs.paths import data_cache_dir, shared_data_dir
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from envs.base import Env, StepOutput, Task, register_env
-from envs.math.grader import MathGrader, default_grader, extract_boxed
+from envs.math.answers import extract_boxed
+from envs.math.grader import MathGrader, default_grader
 
 
 @register_env("math")

@@ -30,7 +30,7 @@ from typing import Any, Sequence, TypedDict
 import numpy as np
 
 from envs.base import Task
-from envs.math.grader import extract_boxed
+from envs.math.answers import extract_boxed
 
 KINDS = ("word", "expr", "linear")
 MAX_TRIES = 1000

@@ -21,10 +21,11 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Sequence
 
+from drmas.io import atomic_write_json
 from envs.base import Task
 from envs.math.data import (MATH_SETS, PAPER_TEST_SETS, load_benchmark, load_hub, prepared_dir,
                             write_tasks_jsonl)
-from envs.math.grader import normalize_answer
+from envs.math.answers import normalize_answer
 
 logger = logging.getLogger(__name__)
 
@@ -131,8 +132,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     entry.get("test_overlaps", "kept"), dedupe_counts["duplicates_removed"],
                     dedupe_counts["conflicting_problems"], dedupe_counts["conflicting_rows_removed"],
                     entry["rows_out"], path)
-    with open(out_dir / "prepare_report.json", "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=2)
+    atomic_write_json(out_dir / "prepare_report.json", report, indent=2)
     return report
 
 

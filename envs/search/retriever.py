@@ -10,12 +10,9 @@ tag also names the model hash), written to a temp folder and renamed into place.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +20,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from drmas.io import atomic_folder, sha256_file
 from envs.paths import data_cache_dir
 from envs.search.corpus import Corpus
 
@@ -63,35 +61,10 @@ class ModelIntegrityError(RuntimeError):
 # Cache helpers
 # --------------------------------------------------------------------------------------------------
 
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def index_cache_dir(corpus: Corpus, backend_tag: str, root: str | Path | None = None) -> Path:
     """``<root>/search/index/<corpus-hash[:16]>-<backend_tag>`` (root defaults to ``data_cache_dir()``)."""
     root = Path(root) if root is not None else data_cache_dir()
     return root / "search" / "index" / f"{corpus.content_hash[:16]}-{backend_tag}"
-
-
-def _atomic_dir(final: Path) -> Path:
-    """A fresh temp folder beside ``final`` (rename it with ``_publish``)."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-
-
-def _publish(tmp: Path, final: Path) -> None:
-    """Rename a finished temp folder into place; if another process won the race, keep theirs."""
-    try:
-        os.rename(tmp, final)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not final.is_dir():
-            raise
 
 
 # --------------------------------------------------------------------------------------------------
@@ -119,10 +92,9 @@ class BM25Index:
         self.bm25 = bm25s.BM25()
         self.bm25.index(ids, show_progress=False)
         if use_cache:
-            tmp = _atomic_dir(cache)
-            self.bm25.save(str(tmp), show_progress=False)
-            self.tokenizer.save_vocab(str(tmp))
-            _publish(tmp, cache)
+            with atomic_folder(cache, if_exists="keep") as tmp:  # a concurrent builder that finished first wins
+                self.bm25.save(str(tmp), show_progress=False)
+                self.tokenizer.save_vocab(str(tmp))
             logger.info("built BM25 index of %d passages, cached at %s", self.n_docs, cache)
 
     def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -193,11 +165,10 @@ class DenseIndex:
             logger.info("embedding %d passages (about 50/s on 2 cores)...", self.n_docs)
             emb = self.encode(corpus.index_texts())
             if use_cache:
-                tmp = _atomic_dir(cache)
-                np.save(tmp / "embeddings.npy", emb)
-                (tmp / "meta.json").write_text(json.dumps({"model_sha256": digest, "n": len(emb), "dim": emb.shape[1],
-                                                           "corpus_hash": corpus.content_hash}))
-                _publish(tmp, cache)
+                with atomic_folder(cache, if_exists="keep") as tmp:
+                    np.save(tmp / "embeddings.npy", emb)
+                    (tmp / "meta.json").write_text(json.dumps({"model_sha256": digest, "n": len(emb),
+                                                               "dim": emb.shape[1], "corpus_hash": corpus.content_hash}))
                 logger.info("cached embeddings at %s", cache)
         if emb.shape[0] != self.n_docs:
             raise ValueError(f"cached embeddings in {cache} have {emb.shape[0]} rows for {self.n_docs} passages; "

@@ -18,7 +18,7 @@ vLLM Ray actors with the DeepSpeed -> vLLM weight sync. This module holds
 4. **the API contract** (:data:`OPENRLHF_API`): every OpenRLHF class, method, parameter, dataclass field
    and CLI option drmas uses. :func:`check_openrlhf_api` verifies it against an installed OpenRLHF by
    reading its source (no import, so it runs without a GPU, DeepSpeed or vLLM) and
-   :func:`openrlhf_attr` is the only way the backend (``drmas.trainer.openrlhf_backend``) obtains an
+   :func:`openrlhf_attr` is the only way the backend (``drmas.workers.openrlhf.backend``) obtains an
    OpenRLHF object, so nothing can be used that the check does not cover.
 
 ``tests/test_gpu_seam.py`` runs the conversion and placement tests everywhere and the API check where
@@ -393,7 +393,7 @@ def build_args(overrides: Mapping[str, Any], defaults: Mapping[str, Any]) -> Sim
     unknown = sorted(set(overrides) - set(defaults))
     if unknown:
         raise RuntimeError(f"OpenRLHF's train_ppo_ray has no options {unknown} (API drift: drmas is written for "
-                           f"openrlhf=={OPENRLHF_VERSION}); update drmas/trainer/openrlhf_seam.py")
+                           f"openrlhf=={OPENRLHF_VERSION}); update drmas/workers/openrlhf/seam.py")
     return hierarchize({**defaults, **overrides})
 
 
@@ -632,5 +632,5 @@ def require_openrlhf_api(strict_version: bool = False) -> None:
     """Raise, listing every problem, unless the installed OpenRLHF matches the seam (backend start-up)."""
     problems = check_openrlhf_api(strict_version=strict_version)
     if problems:
-        raise RuntimeError("the installed OpenRLHF does not match drmas's seam (drmas/trainer/openrlhf_seam.py, "
+        raise RuntimeError("the installed OpenRLHF does not match drmas's seam (drmas/workers/openrlhf/seam.py, "
                            f"written for openrlhf=={OPENRLHF_VERSION}):\n  - " + "\n  - ".join(problems))

@@ -1,8 +1,5 @@
-"""Execution backends for worker groups: ``local`` (in-process, the CPU default and the tests) and
-``ray`` (each worker group a Ray actor, all placed in one placement group: the paper's shared resource
-pool). Both expose the same four operations, so the trainer does not know which one runs. On GPU clusters,
-``openrlhf`` (drmas/trainer/openrlhf_backend.py) exposes them too, over OpenRLHF and vLLM.
-"""
+"""The ``ray`` backend: each worker group a Ray actor (:class:`~drmas.workers.policy.PolicyWorker`), all in
+one placement group (the paper's shared resource pool). Ray is imported only when this backend is built."""
 from __future__ import annotations
 
 import logging
@@ -10,49 +7,11 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from drmas.devices import resolve_device
+from drmas.rollout.base import Generation, SamplingParams
+from drmas.workers.base import ray_get
 from drmas.workers.policy import PolicyWorker, UpdateBatch, WorkerSpec
 
 logger = logging.getLogger(__name__)
-
-
-class WorkerDied(RuntimeError):
-    """A worker group's process (a Ray actor) died; ``key`` names the worker group. The trainer replaces
-    the workers (``restart``) and resumes from its last checkpoint, or stops with a clear message."""
-
-    def __init__(self, key: str, detail: str):
-        super().__init__(f"worker group {key!r} died: {detail}")
-        self.key = key
-
-
-class LocalBackend:
-    """Worker groups as plain objects in this process; updates run one after another."""
-
-    def __init__(self, specs: dict[str, WorkerSpec]):
-        self.specs = specs
-        self.workers = {key: PolicyWorker(spec) for key, spec in specs.items()}
-
-    def restart(self) -> None:
-        """Fresh workers (initial weights); the trainer then loads the last checkpoint into them."""
-        self.workers = {key: PolicyWorker(spec) for key, spec in self.specs.items()}
-
-    def generators(self) -> dict[str, PolicyWorker]:
-        return self.workers
-
-    def update(self, batches: dict[str, UpdateBatch], step_seed: int) -> dict[str, dict[str, Any]]:
-        return {key: self.workers[key].update(batch, step_seed) for key, batch in batches.items()}
-
-    def get_states(self) -> dict[str, dict]:
-        return {key: w.get_state() for key, w in self.workers.items()}
-
-    def set_states(self, states: dict[str, dict]) -> None:
-        for key, state in states.items():
-            self.workers[key].set_state(state)
-
-    def save_models(self, folder: str) -> dict[str, str]:
-        return {key: w.save_model(f"{folder}/{key}") for key, w in self.workers.items()}
-
-    def close(self) -> None:
-        pass
 
 
 class _RayGenerator:
@@ -61,18 +20,8 @@ class _RayGenerator:
     def __init__(self, actor, key: str):
         self.actor, self.key = actor, key
 
-    def generate(self, prompts, sampling, seed=None):
-        return _get(self.key, self.actor.generate.remote(prompts, sampling, seed))
-
-
-def _get(key: str, ref: Any) -> Any:
-    """``ray.get`` of one worker group's call; a dead actor becomes ``WorkerDied`` naming the group."""
-    import ray
-
-    try:
-        return ray.get(ref)
-    except ray.exceptions.RayActorError as exc:  # ActorDiedError, ActorUnavailableError
-        raise WorkerDied(key, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+    def generate(self, prompts: list[str], sampling: SamplingParams, seed: int | None = None) -> Generation:
+        return ray_get(self.key, self.actor.generate.remote(prompts, sampling, seed))
 
 
 class RayBackend:
@@ -124,7 +73,7 @@ class RayBackend:
         """Start ``call(key, actor)`` on every worker group at once, then wait for all of them; a dead
         actor raises ``WorkerDied`` naming its worker group."""
         refs = {key: call(key, actor) for key, actor in self.actors.items()}
-        return {key: _get(key, ref) for key, ref in refs.items()}
+        return {key: ray_get(key, ref) for key, ref in refs.items()}
 
     def update(self, batches: dict[str, UpdateBatch], step_seed: int) -> dict[str, dict[str, Any]]:
         return self._all(lambda key, actor: actor.update.remote(batches[key], step_seed))
@@ -135,7 +84,7 @@ class RayBackend:
     def set_states(self, states: dict[str, dict]) -> None:
         refs = {key: self.actors[key].set_state.remote(state) for key, state in states.items()}
         for key, ref in refs.items():
-            _get(key, ref)
+            ray_get(key, ref)
 
     def save_models(self, folder: str) -> dict[str, str]:
         return self._all(lambda key, actor: actor.save_model.remote(f"{folder}/{key}"))
@@ -147,21 +96,3 @@ class RayBackend:
         for actor in self.actors.values():
             ray.kill(actor)
         remove_placement_group(self.pg)
-
-
-def _openrlhf_backend(specs: dict[str, WorkerSpec]):
-    """GPU clusters: OpenRLHF actor groups + vLLM engines in one shared pool (drmas/trainer/openrlhf_backend.py;
-    imported here so that the CPU path never imports OpenRLHF, vLLM or DeepSpeed)."""
-    from drmas.trainer.openrlhf_backend import OpenRLHFBackend
-
-    return OpenRLHFBackend(specs)
-
-
-BACKENDS: dict[str, Callable[[dict[str, WorkerSpec]], Any]] = {"local": LocalBackend, "ray": RayBackend,
-                                                                "openrlhf": _openrlhf_backend}
-
-
-def make_backend(name: str, specs: dict[str, WorkerSpec]):
-    if name not in BACKENDS:
-        raise KeyError(f"unknown backend {name!r}; available: {sorted(BACKENDS)}")
-    return BACKENDS[name](specs)

@@ -1,9 +1,10 @@
 """The ``openrlhf`` backend: each worker group an OpenRLHF actor group (DeepSpeed ZeRO, its own optimizer)
 with its own vLLM engine replicas, all in one Ray placement group (the paper's shared resource pool:
 several models time-sharing the same GPUs). GPU only; everything OpenRLHF-specific it uses comes from
-:mod:`drmas.trainer.openrlhf_seam` (the pinned API contract and the pure conversion).
+:mod:`drmas.workers.openrlhf.seam` (the pinned API contract and the pure conversion).
 
-One RL step, as the trainer sees it (the same four operations as the local and ray backends):
+One RL step, as the trainer sees it (the :class:`~drmas.workers.base.Backend` operations, as the local and ray
+backends):
 
 1. ``generators()[m].generate(...)``: the orchestra's agent calls; the first call after an update wakes
    the engines' KV cache (vLLM sleep mode), then each prompt goes to one engine replica of model m with
@@ -15,7 +16,9 @@ One RL step, as the trainer sees it (the same four operations as the local and r
 
 Checkpoints: ``get_states`` writes DeepSpeed checkpoints (model, optimizer, scheduler) of every group to
 ``resources.checkpoint_dir/<model key>`` and returns their location; ``set_states`` loads them and
-refreshes the engines. ``save_models`` writes Hugging Face checkpoints.
+refreshes the engines. ``save_models`` writes Hugging Face checkpoints. A dead actor raises ``WorkerDied``;
+this backend cannot ``restart`` (its capabilities say so), so the trainer stops with its last checkpoint
+named, and starting the same command again resumes from it.
 """
 from __future__ import annotations
 
@@ -28,8 +31,8 @@ import numpy as np
 
 from drmas.rollout.base import Generation, SamplingParams
 from drmas.rollout.vllm_engine import VLLMRolloutEngine, generation_config_eos
-from drmas.trainer import openrlhf_seam as seam
-from drmas.trainer.backends import WorkerDied
+from drmas.workers.openrlhf import seam
+from drmas.workers.base import ray_get
 from drmas.workers.policy import UpdateBatch, WorkerSpec
 
 logger = logging.getLogger(__name__)
@@ -62,7 +65,7 @@ class DrmasActorMixin:
 
     def drmas_fit(self, minibatches: list[list[dict[str, Any]]], temperature: float) -> list[dict[str, float]]:
         """One RL step of this rank: ``minibatches[m][k]`` is micro-batch k of optimizer step m
-        (:func:`~drmas.trainer.openrlhf_seam.rank_payloads`; every rank has the same counts).
+        (:func:`~drmas.workers.openrlhf.seam.rank_payloads`; every rank has the same counts).
 
         1. old log-probs of every row under the current policy (before the first optimizer step);
         2. per mini-batch: the loss normalizers (response tokens, samples) summed over ranks; each
@@ -102,18 +105,6 @@ class DrmasActorMixin:
     def drmas_save_hf(self, folder: str) -> str:
         self.strategy.save_model(self.actor, self.tokenizer, folder)
         return folder
-
-
-def _ray_get(refs: Any, key: str = "?") -> Any:
-    """``ray.get`` of worker group ``key``'s calls (one place, so that the orchestration is testable without
-    Ray). A dead actor becomes ``WorkerDied``: the trainer stops with its last checkpoint named (this
-    backend has no ``restart``; starting the same command again resumes)."""
-    import ray
-
-    try:
-        return ray.get(refs)
-    except ray.exceptions.RayActorError as exc:
-        raise WorkerDied(key, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
 
 
 def _vllm_sampling_params(kwargs: dict[str, Any]) -> Any:
@@ -173,7 +164,7 @@ class RayEnginesClient:
         self.refreshes = 0
 
     def _call_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        return _ray_get([getattr(e, method).remote(*args, **kwargs) for e in self.engines], self.key)
+        return ray_get(self.key, [getattr(e, method).remote(*args, **kwargs) for e in self.engines])
 
     def sleep(self) -> None:
         if self.enable_sleep and self.state != "asleep":
@@ -192,7 +183,7 @@ class RayEnginesClient:
         self.wake("all")
         refs = [self.engines[i % len(self.engines)].generate.remote(ids, _vllm_sampling_params(p))
                 for i, (ids, p) in enumerate(zip(prompt_ids, params))]
-        return _ray_get(refs, self.key)
+        return ray_get(self.key, refs)
 
     def load_weights(self, state_dict: Any) -> None:
         if state_dict is not None:
@@ -289,13 +280,17 @@ class OpenRLHFBackend:
         self.pad_ids = {key: int(e.tokenizer.pad_token_id if e.tokenizer.pad_token_id is not None
                                  else e.tokenizer.eos_token_id) for key, e in self.engines.items()}
 
+    def restart(self) -> None:
+        raise RuntimeError("the openrlhf backend cannot replace dead actors (capabilities.restart is False); "
+                           "start the same command again to resume from the last checkpoint")
+
     # ---------------------------------------------------------------------------------- rollout
     def generators(self) -> dict[str, _Generator]:
         return {key: _Generator(engine) for key, engine in self.engines.items()}
 
     # ----------------------------------------------------------------------------------- update
     def _run(self, key: str, method: str, **kwargs: Any) -> list[Any]:
-        return _ray_get(self.groups[key].async_run_method(method_name=method, **kwargs), key)
+        return ray_get(key, self.groups[key].async_run_method(method_name=method, **kwargs))
 
     def _push_weights(self, key: str) -> None:
         """The group's new weights to its engines, once per step (OpenRLHF's CUDA-IPC sync)."""
@@ -337,7 +332,7 @@ class OpenRLHFBackend:
         def fit() -> list[dict[str, float]]:
             refs = self.groups[key].async_run_method_batch(method_name="drmas_fit", minibatches=payloads,
                                                            temperature=[temperature] * s.num_gpus)
-            per_rank = _ray_get(refs, key)  # execute_batch returns one result list per rank
+            per_rank = ray_get(key, refs)  # execute_batch returns one result list per rank
             steps = per_rank[0][0]
             self._push_weights(key)
             return steps

@@ -1,24 +1,26 @@
-"""Typed run configuration: YAML files + ``key.sub=value`` command-line overrides, validated up front.
+"""The run configuration's schema: one pydantic model per section, each field with its default and its
+description, and the validators that check invariants across fields (registered names, the agent -> model
+assignment, what the backend can do). Reading YAML and overrides is :mod:`drmas.config.loader`; turning a
+validation error into one line per problem is :mod:`drmas.config.errors`.
 
 A run config names the environment and its orchestra, the models (worker groups), the agents and which
 model each agent runs on (the agent -> model assignment: one shared model = "LLM sharing", one model
 per agent = "non-sharing", models of different sizes = "heterogeneous"), the algorithm and the
 training schedule. Every field has a default that runs the CPU embedded default.
 
-Validation happens before any work starts and names the offending key and the fix: unknown keys,
-wrong types, negative sizes, agents mapped to undefined models, unknown agent/orchestra/estimator
-names, agents sharing a model with conflicting optimizer settings.
+Validation names the offending key and the fix: unknown keys, wrong types, negative sizes, agents mapped
+to undefined models, unknown agent/orchestra/estimator/backend names, agents sharing a model with
+conflicting optimizer settings, settings the backend cannot run.
 """
 from __future__ import annotations
 
-import difflib
-import types
-import typing
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+
+from drmas.algos.advantages import Conventions, Ddof, Singleton
+from drmas.devices import DEVICE_PATTERN
 
 
 class Strict(BaseModel):
@@ -45,8 +47,8 @@ class SamplingConfig(Strict):
 class OptimConfig(Strict):
     lr: float = Field(1e-4, gt=0, description="AdamW learning rate (paper: 1e-6 for 4B-8B models)")
     warmup_steps: int = Field(0, ge=0, description="linear warm-up of the learning rate, in RL steps")
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW (beta1, beta2)")
     max_grad_norm: float = Field(1.0, gt=0, description="clip threshold (the pre-clip norm is logged)")
     micro_batch_size: PositiveInt = Field(64, description="samples per forward/backward pass")
     mini_batches: PositiveInt = Field(1, description="optimizer steps per RL step (paper search: 5)")
@@ -114,9 +116,12 @@ class ModelConfig(Strict):
         None, description="agent roles whose traces the SFT warm-up of a missing `path` trains on (default: the "
                           "roles of this model's agents). Models that name the same `path` start from one "
                           "checkpoint, as the paper's agents all start from one base model")
-    optim: OptimConfig = OptimConfig()
-    rollout: RolloutEngineConfig = Field(default_factory=RolloutEngineConfig)  # built lazily: imports drmas.rollout
-    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    optim: OptimConfig = Field(OptimConfig(), description="this worker group's optimizer (agents may override lr, "
+                               "warmup_steps, micro_batch_size)")
+    rollout: RolloutEngineConfig = Field(default_factory=RolloutEngineConfig,  # built lazily: imports drmas.rollout
+                                         description="how this worker group generates")
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="GPUs and DeepSpeed settings "
+                                       "(openrlhf backend)")
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelConfig":
@@ -143,7 +148,7 @@ class AgentConfig(Strict):
     name: str = Field(description="agent id as it appears in the step table and metrics")
     role: str = Field(description="registered agent class, e.g. math_solver, math_verifier")
     model: str = Field(description="key into `models` (agents with the same key share one LLM)")
-    sampling: SamplingConfig = SamplingConfig()
+    sampling: SamplingConfig = Field(SamplingConfig(), description="this agent's sampling during training rollouts")
     lr: Optional[float] = Field(None, gt=0, description="overrides the model's optim.lr")
     warmup_steps: Optional[int] = Field(None, ge=0, description="overrides the model's optim.warmup_steps")
     micro_batch_size: Optional[PositiveInt] = Field(None, description="overrides optim.micro_batch_size")
@@ -160,7 +165,10 @@ class AgentConfig(Strict):
 
 
 class AlgoConfig(Strict):
-    estimator: str = Field("drmas", description="advantage estimator (drmas.algos.ESTIMATORS)")
+    """The RL algorithm: the advantage estimator and its conventions, the clipped policy loss, the penalty."""
+
+    estimator: str = Field("drmas", description="advantage estimator (drmas.algos.ESTIMATORS): drmas = agent-wise "
+                           "mu_k, sigma_k (paper Eq. 5); trajectory_grpo = vanilla GRPO (Eq. 2); Table 3 ablations")
 
     @field_validator("estimator")
     @classmethod
@@ -169,17 +177,27 @@ class AlgoConfig(Strict):
 
         return _registered(estimator, sorted(ESTIMATORS), "estimator")
 
-    ddof: Literal[0, 1] = 1
-    eps: float = Field(1e-6, ge=0)
-    singleton: Literal["raw", "zero"] = "raw"
-    scale_by_std: bool = True
-    clip_low: float = Field(0.2, ge=0, lt=1)
-    clip_high: float = Field(0.28, ge=0, description="clip-higher (DAPO); the reference uses 0.28")
-    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = "token_mean"
-    kl_coef: float = Field(0.0, ge=0)
-    entropy_coef: float = Field(0.0, ge=0)
+    ddof: Ddof = Field(Conventions.ddof, description="std of the advantage groups: 1 = unbiased "
+                                "(reference), 0 = population")
+    eps: float = Field(Conventions.eps, ge=0, description="added to the std in the advantage denominator")
+    singleton: Singleton = Field(Conventions.singleton, description="a group of one sample: raw = "
+                                              "mean 0, std 1 (its score / (1 + eps)); zero = advantage 0")
+    scale_by_std: bool = Field(Conventions.scale_by_std, description="divide advantages by the std (false = "
+                               "mean-only, Dr. GRPO style)")
+    clip_low: float = Field(0.2, ge=0, lt=1, description="PPO ratio clip below: 1 - clip_low (paper Eq. 3)")
+    clip_high: float = Field(0.28, ge=0, description="PPO ratio clip above: 1 + clip_high (clip-higher, DAPO); "
+                             "the reference uses 0.28")
+    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = Field(
+        "token_mean", description="how token losses make a batch loss: mean over all tokens (reference), mean of "
+                                  "per-sequence token means, or mean of per-sequence token sums")
+    kl_coef: float = Field(0.0, ge=0, description="k3 KL penalty to a frozen reference model (0 = none, the paper)")
+    entropy_coef: float = Field(0.0, ge=0, description="entropy bonus of the policy loss (0 = none)")
     invalid_penalty: float = Field(0.1, ge=0, description="c in score = R - c (1 - valid); math 0.1, search 0.01 "
                                    "(agents[i].invalid_penalty overrides it per agent)")
+
+    def conventions(self) -> Conventions:
+        """The advantage conventions these fields set (:func:`drmas.algos.compute_advantages` keywords)."""
+        return Conventions(ddof=self.ddof, eps=self.eps, singleton=self.singleton, scale_by_std=self.scale_by_std)
 
 
 class EnvConfig(Strict):
@@ -192,7 +210,7 @@ class EnvConfig(Strict):
     @field_validator("name")
     @classmethod
     def _known_source(cls, name: str) -> str:
-        from drmas.trainer.tasks import TASK_SOURCES
+        from drmas.tasks import TASK_SOURCES
 
         return _registered(name, TASK_SOURCES.names(), "task source")
 
@@ -229,26 +247,31 @@ def _leaves(node: Any, prefix: str) -> list[tuple[str, Any]]:
     return [(prefix, node)]
 
 
-DEVICE_PATTERN = r"^(auto|cpu|cuda(:\d+)?)$"
-"""The values ``train.device`` accepts (resolved by :func:`drmas.devices.resolve_device`)."""
-
-
 class TrainConfig(Strict):
     steps: int = Field(100, ge=0, description="RL steps")
     batch_tasks: PositiveInt = Field(16, description="tasks per step (paper: math 32, search 128)")
     group_size: PositiveInt = Field(8, description="trajectories per task (paper: math 8, search 5)")
-    seed: int = 0
+    seed: int = Field(0, description="seed of the task batches, rollouts, worker initialisation and updates")
     evaluate: bool = Field(True, description="false: no evaluation at all (sweeps that measure training statistics "
                            "only, e.g. experiments/grids/mechanism.yaml)")
     eval_every: int = Field(25, ge=0, description="evaluate every N steps (0 = only at start and end)")
     eval_tasks: int = Field(64, ge=0, description="evaluation tasks")
     eval_samples: PositiveInt = Field(4, description="samples per evaluation task (paper: 16)")
-    eval_sampling: SamplingConfig = SamplingConfig(temperature=0.6, top_p=0.95)
+    eval_sampling: SamplingConfig = Field(SamplingConfig(temperature=0.6, top_p=0.95), description="temperature, "
+                                          "top_p, top_k of every agent during evaluation (max_new_tokens stays the agent's)")
     save_every: int = Field(25, ge=0, description="checkpoint every N steps (0 = only at the end)")
     max_nonfinite_skips: PositiveInt = Field(3, description="stop after this many consecutive non-finite steps")
-    backend: Literal["local", "ray", "openrlhf"] = Field(
-        "local", description="local: in-process (CPU default); ray: one Ray actor per worker group; openrlhf: "
-                             "DeepSpeed actor groups + vLLM engines in one shared GPU pool (docs/gpu.md)")
+    backend: str = Field(
+        "local", description="registered backend (drmas.workers.catalog.BACKENDS): local: in-process (CPU default); "
+                             "ray: one Ray actor per worker group; openrlhf: DeepSpeed actor groups + vLLM engines in "
+                             "one shared GPU pool (docs/gpu.md)")
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, backend: str) -> str:
+        from drmas.workers.catalog import BACKENDS
+
+        return _registered(backend, BACKENDS.names(), "backend")
+
     threads: int = Field(1, ge=0, description="torch threads per process (0 = leave as is); on 2 shared cores "
                          "1 thread was measured 10-27x faster than 2 under load")
     keep_previous_checkpoint: bool = Field(
@@ -268,12 +291,13 @@ class SFTSection(Strict):
 
     traces: PositiveInt = Field(4000, description="tasks to draw role traces from")
     steps: PositiveInt = Field(600, description="optimizer steps")
-    batch_size: PositiveInt = 64
-    lr: float = Field(3e-3, gt=0)
-    warmup_steps: int = Field(30, ge=0)
+    batch_size: PositiveInt = Field(64, description="examples per optimizer step")
+    lr: float = Field(3e-3, gt=0, description="AdamW learning rate")
+    warmup_steps: int = Field(30, ge=0, description="linear warm-up of the learning rate, in optimizer steps")
     vocab_size: PositiveInt = Field(512, description="byte-level BPE vocabulary")
     tokenizer_dir: str = Field("results/sft/tokenizer", description="shared tokenizer of the task source")
-    seed: int = 0
+    seed: int = Field(0, description="seed of the traces, the initial weights and the batches (the same for every "
+                      "checkpoint: a checkpoint depends on its preset, roles and this section only)")
 
 
 class RunConfig(Strict):
@@ -287,12 +311,14 @@ class RunConfig(Strict):
             raise ValueError(f"name = {name!r} would put the run outside out_dir/<name>; use one folder name such as "
                              "'math_sharing_s0' (no '/', not '.' or '..', not empty)")
         return name
-    env: EnvConfig = EnvConfig()
-    models: dict[str, ModelConfig] = Field(default_factory=lambda: {"shared": ModelConfig()})
-    agents: list[AgentConfig] = Field(default_factory=list)
-    algo: AlgoConfig = AlgoConfig()
-    train: TrainConfig = TrainConfig()
-    sft: SFTSection = SFTSection()
+    env: EnvConfig = Field(EnvConfig(), description="task source, orchestra and their arguments")
+    models: dict[str, ModelConfig] = Field(default_factory=lambda: {"shared": ModelConfig()},
+                                           description="worker groups by key: one policy model + optimizer each")
+    agents: list[AgentConfig] = Field(default_factory=list, description="one agent per orchestra slot, each mapped to "
+                                      "a key of `models` (the assignment)")
+    algo: AlgoConfig = Field(AlgoConfig(), description="advantage estimator, its conventions, policy loss, penalty")
+    train: TrainConfig = Field(TrainConfig(), description="RL schedule, evaluation, checkpoints, backend, device")
+    sft: SFTSection = Field(SFTSection(), description="SFT warm-up of models whose `path` does not exist yet")
 
     @model_validator(mode="after")
     def _check_assignment(self) -> "RunConfig":
@@ -330,33 +356,34 @@ class RunConfig(Strict):
                              "each slot (`agents[i].name`), or choose another orchestra")
 
     def _check_backend(self) -> None:
-        """The backend and the rollout engines fit together: local/ray generate with HF in the worker; the
-        openrlhf backend generates with vLLM and trains with OpenRLHF's actor (one temperature per model,
-        no reference model)."""
+        """The models, agents and algorithm ask only for what the backend can do (its
+        :class:`~drmas.workers.catalog.Capabilities`): its rollout engines, a checkpoint per model, one
+        temperature per model, a reference model, the loss aggregation."""
+        from drmas.workers.catalog import BACKENDS
+
         backend = self.train.backend
+        caps = BACKENDS.get(backend).capabilities
         for key, m in self.models.items():
             engine = m.rollout.engine
-            if backend == "openrlhf" and engine != "vllm":
-                raise ValueError(f"models.{key}.rollout.engine={engine!r}: the openrlhf backend generates with vLLM; "
-                                 "set it to 'vllm'")
-            if backend != "openrlhf" and engine != "hf":
-                raise ValueError(f"models.{key}.rollout.engine={engine!r} needs train.backend=openrlhf (the {backend} "
-                                 "backend generates with transformers in the worker); use engine 'hf'")
-        if backend != "openrlhf":
-            return
+            if engine not in caps.engines:
+                fits = [name for name in BACKENDS.names() if engine in BACKENDS.get(name).capabilities.engines]
+                raise ValueError(f"models.{key}.rollout.engine={engine!r} needs train.backend={' or '.join(fits)} (the "
+                                 f"{backend} backend generates with {caps.generates_with}); use engine "
+                                 f"{caps.engines[0]!r}")
         for key, m in self.models.items():
-            if m.path is None:
-                raise ValueError(f"models.{key}.path: the openrlhf backend loads a checkpoint (folder or hub id)")
+            if caps.needs_checkpoint and m.path is None:
+                raise ValueError(f"models.{key}.path: the {backend} backend loads a checkpoint (folder or hub id)")
             temps = {a.name: a.sampling.temperature for a in self.agents_of(key)}
-            if len(set(temps.values())) > 1:
-                raise ValueError(f"agents {sorted(temps)} share model {key!r} with temperatures {temps}; OpenRLHF's "
-                                 "actor scores a model's samples at one temperature: use the same one")
-        if self.algo.kl_coef > 0:
-            raise ValueError(f"algo.kl_coef={self.algo.kl_coef}: the openrlhf backend has no reference model "
-                             "(the paper trains without KL); set it to 0 or use the local/ray backend")
-        if self.algo.aggregation == "seq_mean_token_sum":
-            raise ValueError("algo.aggregation=seq_mean_token_sum has no OpenRLHF equivalent; use token_mean or "
-                             "seq_mean_token_mean with the openrlhf backend")
+            if caps.one_temperature_per_model and len(set(temps.values())) > 1:
+                raise ValueError(f"agents {sorted(temps)} share model {key!r} with temperatures {temps}; the {backend} "
+                                 "backend scores a model's samples at one temperature: use the same one")
+        if self.algo.kl_coef > 0 and not caps.reference_model:
+            raise ValueError(f"algo.kl_coef={self.algo.kl_coef}: the {backend} backend has no reference model "
+                             "(the paper trains without KL); set it to 0 or use a backend that has one "
+                             f"({[n for n in BACKENDS.names() if BACKENDS.get(n).capabilities.reference_model]})")
+        if caps.aggregations is not None and self.algo.aggregation not in caps.aggregations:
+            raise ValueError(f"algo.aggregation={self.algo.aggregation} has no equivalent in the {backend} backend; "
+                             f"use one of {list(caps.aggregations)} with it")
 
     def agents_of(self, model_key: str) -> list[AgentConfig]:
         return [a for a in self.agents if a.model == model_key]
@@ -389,201 +416,3 @@ class RunConfig(Strict):
     @property
     def run_dir(self) -> Path:
         return Path(self.out_dir) / self.name
-
-
-class ConfigError(ValueError):
-    """A configuration problem, with the key path and the fix in the message."""
-
-
-def _format_validation_error(err: ValidationError, source: str) -> str:
-    """One line per problem: ``key.path: what is wrong (got value); fix: what to write instead``."""
-    lines = [f"invalid config ({source}):"]
-    for e in err.errors():
-        loc = _format_loc(e["loc"])
-        msg = e["msg"].removeprefix("Value error, ")
-        got = e.get("input")
-        if e["type"] == "extra_forbidden":
-            msg, got_txt = "unknown key", ""
-        elif e["type"] == "value_error" or isinstance(got, (dict, list)):
-            got_txt = ""  # our validators' messages quote the values themselves
-        else:
-            got_txt = f" (got {got!r})"
-        fix = _fix_hint(e)
-        named = loc and not msg.startswith(loc)  # model-level validators name the exact key themselves
-        lines.append(f"  {loc + ': ' if named else ''}{msg}{got_txt}{'; fix: ' + fix if fix else ''}")
-    return "\n".join(lines)
-
-
-def _format_loc(loc: tuple) -> str:
-    """("agents", 0, "role") -> "agents[0].role"."""
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-_TYPE_FIXES = {
-    "int_parsing": "write an integer, e.g. 4", "int_type": "write an integer, e.g. 4",
-    "int_from_float": "write a whole number", "float_parsing": "write a number, e.g. 1e-4",
-    "float_type": "write a number, e.g. 1e-4", "bool_parsing": "write true or false", "bool_type": "write true or false",
-    "string_type": "write a string (quote it in YAML)", "dict_type": "write a mapping {key: value, ...}",
-    "model_type": "write a mapping of its sub-keys {key: value, ...}", "list_type": "write a list [...]",
-    "tuple_type": "write a list [...]", "missing": "add it", "finite_number": "write a finite number",
-}
-_BOUNDS = {"greater_than": ("gt", ">"), "greater_than_equal": ("ge", ">="), "less_than": ("lt", "<"),
-           "less_than_equal": ("le", "<=")}
-
-
-def _fix_hint(e: dict[str, Any]) -> str:
-    """What to write instead, from a pydantic error (empty for our own validators: their text says it)."""
-    kind, ctx, loc = e["type"], e.get("ctx") or {}, e["loc"]
-    if kind == "extra_forbidden":
-        fields = _fields_at(loc[:-1])
-        close = difflib.get_close_matches(str(loc[-1]), fields, n=1)
-        return (f"did you mean `{close[0]}`? " if close else "") + f"remove it or use one of {fields}"
-    if kind in _BOUNDS:
-        key, op = _BOUNDS[kind]
-        return f"use a value {op} {ctx.get(key)}"
-    if kind == "literal_error":
-        return f"use {ctx.get('expected')}"
-    if kind in ("too_long", "too_short"):
-        n = ctx.get("max_length") if kind == "too_long" else ctx.get("min_length")
-        return f"give {'at most' if kind == 'too_long' else 'at least'} {n} item(s)"
-    if kind == "missing" and loc and isinstance(loc[-1], int):
-        return f"the list is too short: give at least {loc[-1] + 1} item(s)"
-    return _TYPE_FIXES.get(kind, "" if kind == "value_error" else "see the field's description in drmas/config.py")
-
-
-def _fields_at(loc: tuple) -> list[str]:
-    """Field names of the config section at ``loc`` (list indexes and dict keys are stepped over)."""
-    node: Any = RunConfig
-    for part in loc:
-        node = _section_type(node)
-        if isinstance(node, type) and issubclass(node, BaseModel):
-            field = node.model_fields.get(str(part))
-            if field is None:
-                return []
-            node = field.annotation
-        elif typing.get_origin(node) in (dict, list):
-            node = typing.get_args(node)[-1]
-        else:
-            return []
-    node = _section_type(node)
-    return sorted(node.model_fields) if isinstance(node, type) and issubclass(node, BaseModel) else []
-
-
-def _section_type(annotation: Any) -> Any:
-    """``Optional[X]`` -> X (the non-None member of a union)."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if typing.get_origin(annotation) in (typing.Union, getattr(types, "UnionType", None)) and len(args) == 1:
-        return args[0]
-    return annotation
-
-
-
-
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """``a.b.c=value`` -> (["a", "b", "c"], value parsed as YAML, so 1e-4, true, [1, 2] work)."""
-    if "=" not in item:
-        raise ConfigError(f"override {item!r} must look like key.sub=value")
-    key, raw = item.split("=", 1)
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    return key.strip().split("."), value
-
-
-def _set_path(data: dict, path: list[str], value: Any, item: str) -> None:
-    node: Any = data
-    for depth, part in enumerate(path[:-1]):
-        if isinstance(node, list):
-            node = node[_list_index(node, part, item)]
-            continue
-        node = node.setdefault(part, {})
-        if not isinstance(node, (dict, list)):
-            raise ConfigError(f"override {item!r}: {'.'.join(path[:depth + 1])} is not a section")
-    last = path[-1]
-    if isinstance(node, list):
-        node[_list_index(node, last, item)] = value
-    else:
-        node[last] = value
-
-
-def _list_index(node: list, part: str, item: str) -> int:
-    """List entries are addressed by position (agents.0.lr) or by their `name` (agents.solver.lr)."""
-    if part.lstrip("-").isdigit():
-        idx = int(part)
-        if not -len(node) <= idx < len(node):
-            raise ConfigError(f"override {item!r}: index {idx} out of range (list has {len(node)} entries)")
-        return idx
-    for i, entry in enumerate(node):
-        if isinstance(entry, dict) and entry.get("name") == part:
-            return i
-    raise ConfigError(f"override {item!r}: no entry named {part!r}")
-
-
-def _read_yaml(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
-    """A YAML mapping; a top-level ``base: other.yaml`` (relative to this file) is read first and this
-    file's keys are merged into it (see :func:`_merge`)."""
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    if path.resolve() in seen:
-        raise ConfigError(f"config file {path} includes itself through `base`")
-    try:
-        loaded = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"config file {path} must hold a mapping at the top level")
-    base = loaded.pop("base", None)
-    if base is None:
-        return loaded
-    return _merge(_read_yaml(path.parent / base, seen + (path.resolve(),)), loaded)
-
-
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """Merge ``over`` into ``base``: mappings recursively, unless ``over``'s mapping has ``_replace: true``
-    (then it replaces the base's, e.g. a sharing config's `models`); lists and values replace."""
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and value.get("_replace"):
-            out[key] = {k: v for k, v in value.items() if k != "_replace"}
-        elif isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def _unshared(node: Any) -> Any:
-    """A copy in which no two places share one object. ``copy.deepcopy`` keeps YAML aliases shared
-    (``search_model: *nano_base``), so an override of one model would silently change every model that
-    the file wrote as an alias of it."""
-    if isinstance(node, dict):
-        return {k: _unshared(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_unshared(v) for v in node]
-    return node
-
-
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Read a YAML config (or the defaults), apply overrides, validate. Raises ConfigError."""
-    data: dict[str, Any] = {}
-    source = "defaults"
-    if path is not None:
-        data = _read_yaml(Path(path), seen=())
-        source = str(path)
-    data = _unshared(data)
-    for item in overrides or []:
-        keys, value = parse_override(item)
-        _set_path(data, keys, value, item)
-    try:
-        cfg = RunConfig.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(_format_validation_error(err, source)) from None
-    return cfg
-
-
-def dump_config(cfg: RunConfig) -> str:
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -83,13 +83,35 @@ def _step_seed(seed: int, step: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- math
+class _MathSource(TaskSource):
+    """What every math source shares: the grader (built on first use) and the math environment."""
+
+    trace_roles = {("solver_verifier", "solver"): "math_solver", ("solver_verifier", "verifier"): "math_verifier",
+                   ("single_agent", "solver"): "math_single"}
+
+    grader_timeout_s: float = 5.0
+
+    @cached_property
+    def grader(self):
+        from envs.math.grader import MathGrader
+
+        return MathGrader(timeout_s=self.grader_timeout_s)
+
+    def make_env(self) -> Env:
+        import envs.math  # noqa: F401  (registers the env)
+
+        return make_env("math", grader=self.grader)
+
+    def close(self) -> None:
+        if "grader" in self.__dict__:  # only if it was ever built
+            self.grader.close()
+
+
 @register_task_source("math_generated")
-class MathGenerated(TaskSource):
+class MathGenerated(_MathSource):
     """Generated problems of a given difficulty; evaluation on a fixed held-out seed."""
 
     trace_arg_names = ("difficulty", "operand_digits", "kinds", "error_rate")
-    trace_roles = {("solver_verifier", "solver"): "math_solver", ("solver_verifier", "verifier"): "math_verifier",
-                   ("single_agent", "solver"): "math_single"}
 
     def __init__(self, difficulty: int = 1, operand_digits: int = 2, kinds: tuple[str, ...] = ("word", "expr", "linear"),
                  eval_seed: int = 10_007, grader_timeout_s: float = 5.0, error_rate: float = 0.2):
@@ -112,21 +134,6 @@ class MathGenerated(TaskSource):
         return {f"d{self.difficulty}-{kind}": [t for t in tasks if t.meta["kind"] == kind]
                 for kind in self.kinds if any(t.meta["kind"] == kind for t in tasks)}
 
-    @cached_property
-    def grader(self):
-        from envs.math.grader import MathGrader
-
-        return MathGrader(timeout_s=self.grader_timeout_s)
-
-    def make_env(self) -> Env:
-        import envs.math  # noqa: F401  (registers the env)
-
-        return make_env("math", grader=self.grader)
-
-    def close(self) -> None:
-        if "grader" in self.__dict__:  # only if it was ever built
-            self.grader.close()
-
     def role_traces(self, n: int, seed: int) -> list[dict[str, Any]]:
         from envs.math.generated import single_agent_traces, solver_traces, verifier_traces
 
@@ -137,13 +144,14 @@ class MathGenerated(TaskSource):
 
 
 @register_task_source("math_dataset")
-class MathDataset(MathGenerated):
-    """Prepared jsonl files (``drmas data prepare math``): ``train`` file and ``test`` files by name."""
+class MathDataset(_MathSource):
+    """Prepared jsonl files (``drmas data prepare math``): ``train`` file and ``test`` files by name; no SFT
+    traces (models need a checkpoint ``path``)."""
 
     def __init__(self, train: str, test: dict[str, str], grader_timeout_s: float = 5.0):
-        super().__init__(grader_timeout_s=grader_timeout_s)
         from envs.math.data import read_tasks_jsonl
 
+        self.grader_timeout_s = grader_timeout_s
         self.train = read_tasks_jsonl(train)
         self.test = {name: read_tasks_jsonl(path) for name, path in test.items()}
 
@@ -153,9 +161,6 @@ class MathDataset(MathGenerated):
 
     def eval_sets(self, n: int) -> dict[str, list[Task]]:
         return {name: tasks[:n] if n else tasks for name, tasks in self.test.items()}
-
-    def role_traces(self, n: int, seed: int) -> list[dict[str, Any]]:
-        return TaskSource.role_traces(self, n, seed)
 
 
 # -------------------------------------------------------------------------------------------- search

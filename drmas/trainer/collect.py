@@ -1,31 +1,28 @@
-"""Rollout: run an orchestra over B tasks x N trajectories and record the step table.
+"""Collect: run an orchestra over B tasks x N trajectories and record the step table (the "rollout" phase
+of a training step; ``drmas/rollout/`` holds the engines that generate, not this loop).
 
 ``call(slot, idx, views, turn)`` is the only way an orchestra reaches a model: it renders the agent's
-prompts, generates for the whole batch of episodes ``idx`` in one call on the agent's worker group
-(with the agent's own sampling parameters), parses the outputs, and appends one step-table row per
-episode.
+prompts, generates for the whole batch of episodes ``idx`` in one call on the agent's worker group's
+:class:`~drmas.workers.base.Generator` (with the agent's own sampling parameters), parses the outputs, and
+appends one step-table row per episode.
 """
 from __future__ import annotations
 
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from drmas.agents.base import Agent, AgentView, Parsed
 from drmas.orchestra.base import Episodes, Orchestra
-from drmas.rollout.base import Generation, SamplingParams
+from drmas.rollout.base import SamplingParams
 from drmas.step_table import StepTable
+from drmas.workers.base import Generator
 from envs.base import Env, Task
 
 logger = logging.getLogger(__name__)
-
-
-class Generator(Protocol):
-    def generate(self, prompts: list[str], sampling: SamplingParams, seed: int | None = None) -> Generation:
-        ...
 
 
 @dataclass
@@ -38,7 +35,9 @@ class AgentSlot:
 
 
 @dataclass
-class RolloutResult:
+class Collected:
+    """What :func:`collect` returns: the step table and the trajectories' outcomes."""
+
     table: StepTable
     traj_reward: np.ndarray  # [B * N]
     traj_task: np.ndarray  # [B * N] task index of each trajectory
@@ -47,15 +46,15 @@ class RolloutResult:
     tokens_per_agent: dict[str, int] = field(default_factory=dict)
 
 
-def run_rollout(
+def collect(
     tasks: Sequence[Task],
     group_size: int,
     orchestra: Orchestra,
     make_env: Callable[[], Env],
     slots: dict[str, AgentSlot],
-    workers: dict[str, Generator],
+    generators: dict[str, Generator],
     seed: int,
-) -> RolloutResult:
+) -> Collected:
     """B tasks x ``group_size`` trajectories; trajectory t belongs to task t // group_size."""
     episode_tasks = [task for task in tasks for _ in range(group_size)]
     traj_task = np.repeat(np.arange(len(tasks)), group_size)
@@ -75,7 +74,7 @@ def run_rollout(
             return [], []
         prompts = [bound.agent.prompt(v) for v in views]
         t0 = time.perf_counter()
-        gen = workers[bound.wg].generate(prompts, bound.sampling, seed=seed * 100_003 + calls)
+        gen = generators[bound.wg].generate(prompts, bound.sampling, seed=seed * 100_003 + calls)
         seconds[bound.wg] = seconds.get(bound.wg, 0.0) + time.perf_counter() - t0
         calls += 1
         parsed = [bound.agent.parse(text) for text in gen.texts]
@@ -91,4 +90,4 @@ def run_rollout(
 
     orchestra.run(episodes, call)
     table = StepTable.concat(parts)
-    return RolloutResult(table, episodes.reward.copy(), traj_task, episodes.info, seconds, tokens)
+    return Collected(table, episodes.reward.copy(), traj_task, episodes.info, seconds, tokens)
