@@ -1,7 +1,8 @@
 """Shared prompts in the update (drmas/models/logprobs.py "Shared prompts", ``algo.shared_prefix``): the
 shared-prompt layout must give the plain layout's log-probs, loss, every parameter gradient and the
 per-agent gradient norms, for both loss aggregations, with and without LLM sharing, in the update, the
-old-log-prob pass (several mini-batches) and the reference pass (KL)."""
+old-log-prob pass (several mini-batches) and the reference pass (KL); and generation from a shared
+prompt cache must give the plain prefill's responses."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,11 +12,13 @@ import numpy as np
 import pytest
 import torch
 
+import drmas.rollout.hf as hf_module
 import drmas.workers.policy as policy_module
 from drmas.config import AlgoConfig, ModelConfig, OptimConfig
 from drmas.models import build_policy, model_preset, save_policy, train_bytelevel_bpe
 from drmas.models.logprobs import (batch_logprobs, group_prompts, make_batch, make_shared_prefix_batch,
                                    shared_prefix_logprobs, shared_prefix_tokens)
+from drmas.rollout import HFRolloutEngine, SamplingParams
 from drmas.workers.policy import PolicyWorker, UpdateBatch, WorkerSpec
 
 
@@ -32,8 +35,8 @@ def checkpoint(tok, tmp_path_factory):
 
 
 def grouped_rows(seed: int, tasks: int, group: int, singletons: int = 2):
-    """``tasks`` prompts of 2-30 tokens (ids below the 320-token vocabulary), each answered ``group`` times (1-10 tokens), plus ``singletons``
-    rows whose prompt appears once; rows shuffled."""
+    """``tasks`` prompts of 2-30 tokens (ids below the 320-token vocabulary), each answered ``group``
+    times (1-10 tokens), plus ``singletons`` rows whose prompt appears once; rows shuffled."""
     rng = random.Random(seed)
     prompts = [[rng.randrange(3, 250) for _ in range(rng.randint(2, 30))] for _ in range(tasks)]
     rows = [(p, [rng.randrange(3, 250) for _ in range(rng.randint(1, 10))]) for p in prompts for _ in range(group)]
@@ -151,3 +154,20 @@ def test_auto_shares_repeated_prompts_only(checkpoint, monkeypatch):
     distinct = UpdateBatch(prompts, responses, np.ones(12, np.float32), np.array(["solver"] * 12), np.ones(12))
     _, _, calls = _update(checkpoint, distinct, "auto", "token_mean", 1, 0.0, 64, monkeypatch)
     assert calls == 0
+
+
+# ================================================================================ generation prefill
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=0, max_new_tokens=8),
+                                      SamplingParams(temperature=1.0, max_new_tokens=8)])
+def test_generation_from_a_shared_prompt_cache_equals_the_plain_prefill(tok, monkeypatch, sampling):
+    model = build_policy("nano", tok, seed=4)
+    prompts = [f"question {i} answer" for i in (3, 41, 3, 7, 41, 3)] + ["question 5 answer"] * 4
+    prefills = []
+    real = hf_module.prefix_cache
+    monkeypatch.setattr(hf_module, "prefix_cache", lambda *a, **k: prefills.append(a[1].shape[0]) or real(*a, **k))
+    out = {mode: HFRolloutEngine(model, tok, shared_prefix=mode, max_batch_size=7).generate(prompts, sampling, seed=11)
+           for mode in ("off", "on")}
+    # one prefill per chunk (7 + 3 rows), of its distinct prompts only (4 distinct prompts in all)
+    assert len(prefills) == 2 and sum(prefills) <= 5
+    assert out["on"].response_ids == out["off"].response_ids
+    assert sum(len(r) for r in out["off"].response_ids) > len(prompts)  # real responses

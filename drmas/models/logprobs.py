@@ -138,7 +138,7 @@ def response_logprobs(
     response_width = response_mask.shape[1]
     if position_ids is None:
         position_ids = positions_from_mask(attention_mask)
-    extra = {} if cache is None else {_cache_argument(model): cache}
+    extra = {} if cache is None else {cache_argument(model): cache}
     logits = model(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
         logits_to_keep=response_width + 1, use_cache=False, **extra,
@@ -177,10 +177,12 @@ def group_prompts(prompt_ids: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.n
     lexicographic order of their right-padded ids (``torch.unique(dim=0)``)."""
     if len(prompt_ids) == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    ids, _ = pad_rows(prompt_ids, max(len(p) for p in prompt_ids), -1, left=False)  # -1 never is a token
+    # on the CPU whatever the default device (host-side bookkeeping); -1 is never a token
+    ids, _ = pad_rows(prompt_ids, max(len(p) for p in prompt_ids), -1, left=False, device="cpu")
     _, inverse = torch.unique(ids, dim=0, return_inverse=True)
-    rows = torch.arange(len(prompt_ids))
-    leaders = torch.full((int(inverse.max()) + 1,), len(prompt_ids)).scatter_reduce(0, inverse, rows, "amin")
+    rows = torch.arange(len(prompt_ids), device="cpu")
+    first = torch.full((int(inverse.max()) + 1,), len(prompt_ids), device="cpu")
+    leaders = first.scatter_reduce(0, inverse, rows, "amin")
     return inverse.numpy(), leaders.numpy()
 
 
@@ -253,18 +255,28 @@ def shared_prefix_logprobs(
     keeping their per-layer keys and values (in the autograd graph outside ``torch.no_grad``), the rows'
     caches gathered from them, then one forward of the B rows' ``[last prompt token | response]``
     against their cache. Equal to :func:`batch_logprobs` of the same rows (tested)."""
-    prefix = model.base_model(input_ids=batch.prefix_ids, attention_mask=batch.prefix_mask,
-                              position_ids=batch.prefix_positions, use_cache=True)
-    cache = _output_cache(prefix)
-    index = batch.prefix_index
-    rows_cache = type(cache)(ddp_cache_data=[(layer.keys.index_select(0, index), layer.values.index_select(0, index))
-                                             for layer in cache.layers])
+    rows_cache = prefix_cache(model, batch.prefix_ids, batch.prefix_mask, batch.prefix_index,
+                              position_ids=batch.prefix_positions)
     return response_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask,
                              temperature=temperature, with_entropy=with_entropy, position_ids=batch.position_ids,
                              cache=rows_cache)
 
 
-def _cache_argument(model: torch.nn.Module) -> str:
+def prefix_cache(model: torch.nn.Module, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor, index: torch.Tensor,
+                 position_ids: torch.Tensor | None = None) -> Any:
+    """The KV cache of ``len(index)`` rows whose first positions are the left-padded prefixes ``prefix_ids``
+    [U, L]: one forward of the U prefixes (the decoder only, no logits; in the autograd graph unless
+    called under ``torch.no_grad``), then each layer's keys and values gathered by ``index`` [B] (row ->
+    prefix). Continue it with ``attention_mask = cat(prefix_mask[index], the rows' own mask)``."""
+    if position_ids is None:
+        position_ids = positions_from_mask(prefix_mask)
+    out = model.base_model(input_ids=prefix_ids, attention_mask=prefix_mask, position_ids=position_ids, use_cache=True)
+    cache = _output_cache(out)
+    return type(cache)(ddp_cache_data=[(layer.keys.index_select(0, index), layer.values.index_select(0, index))
+                                       for layer in cache.layers])
+
+
+def cache_argument(model: torch.nn.Module) -> str:
     """The name transformers gives the KV-cache argument of ``model.forward``: ``cache`` from 5.2x on,
     ``past_key_values`` before (the GPU stack pins transformers 5.15)."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

@@ -18,7 +18,7 @@ Shared prompts (``algo.shared_prefix``): in a micro-batch, rows with the same pr
 of a task group) run it through the model once (drmas/models/logprobs.py, "Shared prompts"); the
 loss and every gradient equal the plain forward's. ``auto`` does so where the padded token count falls to
 ``PREFIX_SHARING_PAYS`` of the plain layout's or less; the same holds for the old-log-prob and reference
-passes.
+passes and for the rollout engine's prefill (drmas/rollout/hf.py).
 On-policy with one mini-batch, the old log-probs equal the current ones (ratio 1): they are taken from
 the same forward pass (detached) instead of a second pass.
 
@@ -100,7 +100,7 @@ class PolicyWorker:
         r = spec.model.rollout  # prompt handling of real checkpoints (the tiny CPU models use the defaults)
         self.engine = make_engine("hf", model=self.model, tokenizer=self.tokenizer, precision=spec.precision,
                                   max_prompt_tokens=r.max_prompt_tokens, chat_template=r.chat_template,
-                                  chat_template_kwargs=r.chat_template_kwargs)
+                                  chat_template_kwargs=r.chat_template_kwargs, shared_prefix=spec.algo.shared_prefix)
         self.loss_cfg = PolicyLossConfig(clip_low=spec.algo.clip_low, clip_high=spec.algo.clip_high,
                                          aggregation=spec.algo.aggregation, kl_coef=spec.algo.kl_coef,
                                          entropy_coef=spec.algo.entropy_coef)
@@ -133,7 +133,8 @@ class PolicyWorker:
         with autocast(self.device, self.spec.precision):
             if groups is not None:
                 packed = make_shared_prefix_batch(prompts, responses, self.pad_id, device=self.device, groups=groups)
-                logp, entropy = shared_prefix_logprobs(model, packed, temperature=temperature, with_entropy=with_entropy)
+                logp, entropy = shared_prefix_logprobs(model, packed, temperature=temperature,
+                                                       with_entropy=with_entropy)
             else:
                 packed = make_batch(prompts, responses, self.pad_id, device=self.device)
                 logp, entropy = batch_logprobs(model, packed, temperature=temperature, with_entropy=with_entropy)
@@ -159,7 +160,8 @@ class PolicyWorker:
         """The update's plan (drmas/workers/minibatch.py): by agent, then prompt length, prompt, response
         length; rows with one prompt stay together, so they share it."""
         prompt_group, _ = group_prompts(batch.prompt_ids)
-        keys = [np.array([len(p) for p in batch.prompt_ids]), prompt_group, np.array([len(r) for r in batch.response_ids])]
+        keys = [np.array([len(p) for p in batch.prompt_ids]), prompt_group,
+                np.array([len(r) for r in batch.response_ids])]
         return plan_minibatches(len(batch.response_ids), mini_batches, self.spec.optim.micro_batch_size, step_seed,
                                 sort_keys=keys, agents=batch.agents)
 
@@ -176,7 +178,7 @@ class PolicyWorker:
         per_step: list[dict[str, float]] = []
         for (micro_batches,) in plan:  # one rank
             rows_of_mini = np.concatenate([mb.rows for mb in micro_batches])
-            total = (sum(len(batch.response_ids[i]) for i in rows_of_mini) if agg == "token_mean" else len(rows_of_mini))
+            total = sum(len(batch.response_ids[i]) for i in rows_of_mini) if agg == "token_mean" else len(rows_of_mini)
             self.optimizer.zero_grad(set_to_none=True)
             tracker = AgentGradNorms(self.model.parameters())
             sums: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "entropy": 0.0, "approx_kl_old": 0.0}
