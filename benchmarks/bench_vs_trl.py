@@ -45,8 +45,8 @@ CONFIG = ROOT / "experiments" / "configs" / "cpu" / "math_single.yaml"
 
 #: What is not the same in the two steps (printed with the result).
 DIFFERENCES = (
-    "TRL keeps its per-step logging (reward / entropy / clip statistics: a few tensor reductions); drmas "
-    "computes its step metrics (step table, per-agent gradient norms) and no file is written in the timed steps",
+    "each computes its own step metrics inside the step (TRL: reward / entropy / clip statistics; drmas: "
+    "step table, per-agent gradient norms); TRL prints them once per round, after its last timed step",
     "generation: both HF generate with a KV cache on the same model; drmas sorts prompts by length and "
     "strips the padding, TRL pads the batch as one",
     "drmas's update runs the shared-prompt layout (algo.shared_prefix=auto; the G samples of a task share "
@@ -132,8 +132,8 @@ def time_trl(cfg: RunConfig, rows: list[dict], out: Path, checkpointing: bool) -
         weight_decay=optim.weight_decay, adam_beta1=optim.betas[0], adam_beta2=optim.betas[1],
         max_grad_norm=optim.max_grad_norm, beta=0.0, epsilon=a.clip_low, epsilon_high=a.clip_high, loss_type="dapo",
         scale_rewards="group", num_iterations=1, shuffle_dataset=False, gradient_checkpointing=checkpointing,
-        bf16=False, fp16=False, use_cpu=True, seed=cfg.train.seed, logging_steps=1, save_strategy="no",
-        report_to=[], remove_unused_columns=False, dataloader_num_workers=0, disable_tqdm=True,
+        bf16=False, fp16=False, use_cpu=True, seed=cfg.train.seed, logging_steps=cfg.train.steps,
+        save_strategy="no", report_to=[], remove_unused_columns=False, dataloader_num_workers=0, disable_tqdm=True,
     )
     trainer = GRPOTrainer(model=model, reward_funcs=make_reward(cfg), args=args,
                           train_dataset=Dataset.from_list(rows), processing_class=tokenizer, callbacks=[StepTimer()])
