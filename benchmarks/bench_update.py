@@ -48,11 +48,11 @@ def tokens(worker: PolicyWorker, batch: UpdateBatch, step_seed: int) -> dict[str
     """Padded token positions of the update's forward passes under the worker's current mode, and the
     real tokens (prompt + response) of its rows."""
     ran = 0
-    for (micro_batches,) in worker._plan(batch, worker.spec.optim.mini_batches, step_seed):
+    for (micro_batches,) in worker.update_plan(batch, worker.spec.optim.mini_batches, step_seed):
         for mb in micro_batches:
             prompts = [batch.prompt_ids[i] for i in mb.rows]
             responses = [batch.response_ids[i] for i in mb.rows]
-            groups = worker._shares_prompts(prompts, responses)
+            groups = worker.prompt_groups(prompts, responses)
             leaders = groups[1] if groups is not None else np.arange(len(prompts))
             plain, shared = shared_prefix_tokens(np.array([len(p) for p in prompts]),
                                                  np.array([len(r) for r in responses]), leaders)

@@ -47,8 +47,8 @@ CONFIG = ROOT / "experiments" / "configs" / "cpu" / "math_single.yaml"
 DIFFERENCES = (
     "each computes its own step metrics inside the step (TRL: reward / entropy / clip statistics; drmas: "
     "step table, per-agent gradient norms); TRL prints them once per round, after its last timed step",
-    "generation: both HF generate with a KV cache on the same model; drmas sorts prompts by length and "
-    "strips the padding, TRL pads the batch as one",
+    "generation: both HF generate with a KV cache on the same model; drmas prefills each distinct prompt once "
+    "(algo.shared_prefix=auto), sorts prompts by length and strips the padding; TRL pads the batch as one",
     "drmas's update runs the shared-prompt layout (algo.shared_prefix=auto; the G samples of a task share "
     "its prompt); TRL runs every prompt per sample",
 )

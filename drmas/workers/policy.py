@@ -44,7 +44,7 @@ from drmas.devices import autocast, resolve_device
 from drmas.models.logprobs import (PREFIX_SHARING_PAYS, batch_logprobs, group_prompts, make_batch,
                                    make_shared_prefix_batch, shared_prefix_logprobs, shared_prefix_tokens)
 from drmas.rollout.base import Generation, SamplingParams, make_engine
-from drmas.workers.minibatch import plan_minibatches, reduce_step_metrics
+from drmas.workers.minibatch import MicroBatch, plan_minibatches, reduce_step_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -125,11 +125,11 @@ class PolicyWorker:
     def _forward(self, rows: np.ndarray, batch: UpdateBatch, model: torch.nn.Module,
                  with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """``(response_mask, logprobs, entropy)`` of ``rows`` (one agent) under ``model``, through the shared-
-        prompt layout where ``algo.shared_prefix`` asks for it (:meth:`_shares_prompts`), else the plain one."""
+        prompt layout where ``algo.shared_prefix`` asks for it (:meth:`prompt_groups`), else the plain one."""
         prompts, responses = [batch.prompt_ids[i] for i in rows], [batch.response_ids[i] for i in rows]
         temperature = float(batch.temperature[rows[0]])  # rows of one agent share a temperature
         temperature = temperature if temperature > 0 else 1.0
-        groups = self._shares_prompts(prompts, responses)
+        groups = self.prompt_groups(prompts, responses)
         with autocast(self.device, self.spec.precision):
             if groups is not None:
                 packed = make_shared_prefix_batch(prompts, responses, self.pad_id, device=self.device, groups=groups)
@@ -140,7 +140,7 @@ class PolicyWorker:
                 logp, entropy = batch_logprobs(model, packed, temperature=temperature, with_entropy=with_entropy)
         return packed.response_mask, logp, entropy
 
-    def _shares_prompts(self, prompts: list[list[int]],
+    def prompt_groups(self, prompts: list[list[int]],
                         responses: list[list[int]]) -> tuple[np.ndarray, np.ndarray] | None:
         """The prompt groups (:func:`group_prompts`) when these rows run in the shared-prompt layout: ``on``
         always (prompts of >= 2 tokens), ``auto`` when its padded token count is at most
@@ -156,7 +156,7 @@ class PolicyWorker:
                 return None
         return groups
 
-    def _plan(self, batch: UpdateBatch, mini_batches: int, step_seed: int):
+    def update_plan(self, batch: UpdateBatch, mini_batches: int, step_seed: int) -> list[list[list[MicroBatch]]]:
         """The update's plan (drmas/workers/minibatch.py): by agent, then prompt length, prompt, response
         length; rows with one prompt stay together, so they share it."""
         prompt_group, _ = group_prompts(batch.prompt_ids)
@@ -172,7 +172,7 @@ class PolicyWorker:
         metrics: dict[str, Any] = {"samples": n}
         if n == 0:
             return metrics
-        plan = self._plan(batch, o.mini_batches, step_seed)
+        plan = self.update_plan(batch, o.mini_batches, step_seed)
         old_logp = self._old_logprobs(batch) if len(plan) > 1 else None
         agg = self.spec.algo.aggregation
         per_step: list[dict[str, float]] = []
@@ -220,7 +220,7 @@ class PolicyWorker:
         micro-batches, all in one pass)."""
         out: list[torch.Tensor] = [torch.empty(0)] * len(batch.response_ids)
         with torch.no_grad():
-            for (micro_batches,) in self._plan(batch, 1, 0):
+            for (micro_batches,) in self.update_plan(batch, 1, 0):
                 for mb in micro_batches:
                     mask, logp, _ = self._forward(mb.rows, batch, self.model, with_entropy=False)
                     lengths = mask.sum(1).long().tolist()
