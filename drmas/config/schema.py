@@ -194,6 +194,12 @@ class AlgoConfig(Strict):
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus of the policy loss (0 = none)")
     invalid_penalty: float = Field(0.1, ge=0, description="c in score = R - c (1 - valid); math 0.1, search 0.01 "
                                    "(agents[i].invalid_penalty overrides it per agent)")
+    shared_prefix: Literal["auto", "on", "off"] = Field(
+        "auto", description="rows with the same prompt (a task group's trajectories) run it through the model once: "
+                            "in the update, old-log-prob and reference passes (per micro-batch; loss and gradients "
+                            "unchanged) and in the HF rollout engine's prefill. auto: where the padded token count "
+                            "falls to 0.8 of the plain layout's or less (drmas.models.logprobs.PREFIX_SHARING_PAYS); "
+                            "on: always; off: never (docs/training.md, 'Shared prompts')")
 
     def conventions(self) -> Conventions:
         """The advantage conventions these fields set (:func:`drmas.algos.compute_advantages` keywords)."""

@@ -8,6 +8,13 @@ and generated in chunks of ``max_batch_size`` with left padding and the KV cache
 the tokenizer's EOS or any EOS id of the model's generation config; those ids and the padding after
 them are stripped from ``response_ids``.
 
+Shared prompts (``shared_prefix``: ``algo.shared_prefix`` of the worker that owns the engine): when
+rows of a chunk repeat a prompt (the G trajectories of a task group), each distinct prompt but its last
+token is prefilled once and its KV cache gathered for every row that holds it; ``generate`` then starts
+from that cache (:func:`drmas.models.logprobs.prefix_cache`). ``auto`` does so where the prefill's
+padded token count falls to ``PREFIX_SHARING_PAYS`` of the plain one or less. The logits are the plain
+prefill's up to float rounding (tests/test_shared_prefix.py compares the generated ids).
+
 Only temperature, top-p and top-k shape the sampling distribution: every other logits processor a
 checkpoint's ``generation_config.json`` may switch on (repetition penalty, min-p, ...) is turned off,
 because PPO scores the responses with the plain tempered softmax (:func:`drmas.models.response_logprobs`).
@@ -17,11 +24,13 @@ from __future__ import annotations
 import contextlib
 import logging
 
+import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from drmas.devices import autocast, check_precision
-from drmas.models.logprobs import pad_rows
+from drmas.models.logprobs import (PREFIX_SHARING_PAYS, cache_argument, group_prompts, pad_rows, prefix_cache,
+                                   shared_prefix_tokens)
 from drmas.rollout.base import (Generation, RolloutEngine, SamplingParams, register_engine, render_prompts,
                                 stop_positions)
 
@@ -48,7 +57,11 @@ class HFRolloutEngine(RolloutEngine):
         precision: str = "fp32",
         chat_template: bool = False,
         chat_template_kwargs: dict | None = None,
+        shared_prefix: str = "off",
     ) -> None:
+        if shared_prefix not in ("auto", "on", "off"):
+            raise ValueError(f"shared_prefix={shared_prefix!r}; use auto, on or off")
+        self.shared_prefix = shared_prefix
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size} must be >= 1")
         if max_prompt_tokens is not None and max_prompt_tokens < 1:
@@ -110,7 +123,9 @@ class HFRolloutEngine(RolloutEngine):
     ) -> tuple[list[list[int]], list[bool]]:
         width = max(len(ids) for ids in prompt_ids)
         input_ids, attention_mask = pad_rows(prompt_ids, width, self.pad_id, left=True, device=device)
+        cache = self._prompt_cache(prompt_ids, input_ids, attention_mask)
         out = self.model.generate(
+            **({} if cache is None else {cache_argument(self.model): cache}),
             input_ids=input_ids,
             attention_mask=attention_mask,
             **(dict(do_sample=False) if sampling.greedy else dict(
@@ -124,6 +139,20 @@ class HFRolloutEngine(RolloutEngine):
         new_tokens = out[:, width:]
         lengths, truncated = stop_positions(new_tokens, torch.tensor(self.stop_ids, device=device))
         return [row[:n] for row, n in zip(new_tokens.tolist(), lengths.tolist())], truncated.tolist()
+
+    def _prompt_cache(self, prompt_ids: list[list[int]], input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        """The rows' KV cache of all prompt positions but the last, each distinct prompt prefilled once
+        (module docstring), or None where ``shared_prefix`` does not ask for it."""
+        if self.shared_prefix == "off" or min(len(ids) for ids in prompt_ids) < 2:
+            return None
+        index, leaders = group_prompts(prompt_ids)
+        plain, shared = shared_prefix_tokens(np.array([len(ids) for ids in prompt_ids]), np.zeros(len(prompt_ids)),
+                                             leaders)
+        if self.shared_prefix == "auto" and shared > PREFIX_SHARING_PAYS * plain:
+            return None
+        rows = torch.as_tensor(leaders, device=input_ids.device)
+        return prefix_cache(self.model, input_ids[rows, :-1], attention_mask[rows, :-1],
+                            torch.as_tensor(index, device=input_ids.device))
 
     def _neutral_overrides(self) -> dict:
         """The options of NEUTRAL_GENERATION_OPTIONS that the model's generation_config sets otherwise."""

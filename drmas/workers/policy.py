@@ -2,18 +2,23 @@
 
 Each worker group is updated only on the samples of the agents mapped to it, with its own optimizer
 config (paper §4). The same class runs in-process (``local`` backend) and as a Ray actor (``ray``
-backend, drmas/workers/ray_backend.py).
+backend, drmas/trainer/backends.py).
 
-Update (paper Eq. 3), per RL step:
+Update (paper Eq. 3), per RL step, on the plan of drmas/workers/minibatch.py:
 1. rows are shuffled (seeded) into ``mini_batches`` optimizer steps;
-2. within a mini-batch, rows are ordered by agent, then by length (less padding), and cut into
-   micro-batches of ``micro_batch_size``;
+2. within a mini-batch, rows are ordered by agent, then by length (less padding; rows with one prompt
+   together), and cut into micro-batches of ``micro_batch_size``;
    each micro-batch's loss is weighted by its share of the mini-batch (tokens for ``token_mean``,
    sequences otherwise), so gradient accumulation equals one big batch;
 3. after each agent's micro-batches, ``AgentGradNorms.mark(agent)`` records that agent's contribution
    to the gradient (per-agent norms also under LLM sharing);
 4. the pre-clip norm is checked: a non-finite gradient skips the optimizer step (counted);
    otherwise clip to ``max_grad_norm`` and step.
+Shared prompts (``algo.shared_prefix``): in a micro-batch, rows with the same prompt (the G trajectories
+of a task group) run it through the model once (drmas/models/logprobs.py, "Shared prompts"); the
+loss and every gradient equal the plain forward's. ``auto`` does so where the padded token count falls to
+``PREFIX_SHARING_PAYS`` of the plain layout's or less; the same holds for the old-log-prob and reference
+passes and for the rollout engine's prefill (drmas/rollout/hf.py).
 On-policy with one mini-batch, the old log-probs equal the current ones (ratio 1): they are taken from
 the same forward pass (detached) instead of a second pass.
 
@@ -36,8 +41,10 @@ import torch
 from drmas.algos import AgentGradNorms, PolicyLossConfig, policy_loss
 from drmas.config import AlgoConfig, ModelConfig, OptimConfig
 from drmas.devices import autocast, resolve_device
-from drmas.models.logprobs import batch_logprobs, make_batch
+from drmas.models.logprobs import (PREFIX_SHARING_PAYS, batch_logprobs, group_prompts, make_batch,
+                                   make_shared_prefix_batch, shared_prefix_logprobs, shared_prefix_tokens)
 from drmas.rollout.base import Generation, SamplingParams, make_engine
+from drmas.workers.minibatch import MicroBatch, plan_minibatches, reduce_step_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +100,7 @@ class PolicyWorker:
         r = spec.model.rollout  # prompt handling of real checkpoints (the tiny CPU models use the defaults)
         self.engine = make_engine("hf", model=self.model, tokenizer=self.tokenizer, precision=spec.precision,
                                   max_prompt_tokens=r.max_prompt_tokens, chat_template=r.chat_template,
-                                  chat_template_kwargs=r.chat_template_kwargs)
+                                  chat_template_kwargs=r.chat_template_kwargs, shared_prefix=spec.algo.shared_prefix)
         self.loss_cfg = PolicyLossConfig(clip_low=spec.algo.clip_low, clip_high=spec.algo.clip_high,
                                          aggregation=spec.algo.aggregation, kl_coef=spec.algo.kl_coef,
                                          entropy_coef=spec.algo.entropy_coef)
@@ -115,14 +122,48 @@ class PolicyWorker:
         return int(self.tokenizer.pad_token_id)
 
     # ------------------------------------------------------------------------------------- update
-    def _forward(self, rows: np.ndarray, batch: UpdateBatch, model: torch.nn.Module, with_entropy: bool):
-        packed = make_batch([batch.prompt_ids[i] for i in rows], [batch.response_ids[i] for i in rows], self.pad_id,
-                            device=self.device)
+    def _forward(self, rows: np.ndarray, batch: UpdateBatch, model: torch.nn.Module,
+                 with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``(response_mask, logprobs, entropy)`` of ``rows`` (one agent) under ``model``, through the shared-
+        prompt layout where ``algo.shared_prefix`` asks for it (:meth:`prompt_groups`), else the plain one."""
+        prompts, responses = [batch.prompt_ids[i] for i in rows], [batch.response_ids[i] for i in rows]
         temperature = float(batch.temperature[rows[0]])  # rows of one agent share a temperature
+        temperature = temperature if temperature > 0 else 1.0
+        groups = self.prompt_groups(prompts, responses)
         with autocast(self.device, self.spec.precision):
-            logp, entropy = batch_logprobs(model, packed, temperature=temperature if temperature > 0 else 1.0,
-                                           with_entropy=with_entropy)
-        return packed, logp, entropy
+            if groups is not None:
+                packed = make_shared_prefix_batch(prompts, responses, self.pad_id, device=self.device, groups=groups)
+                logp, entropy = shared_prefix_logprobs(model, packed, temperature=temperature,
+                                                       with_entropy=with_entropy)
+            else:
+                packed = make_batch(prompts, responses, self.pad_id, device=self.device)
+                logp, entropy = batch_logprobs(model, packed, temperature=temperature, with_entropy=with_entropy)
+        return packed.response_mask, logp, entropy
+
+    def prompt_groups(self, prompts: list[list[int]],
+                        responses: list[list[int]]) -> tuple[np.ndarray, np.ndarray] | None:
+        """The prompt groups (:func:`group_prompts`) when these rows run in the shared-prompt layout: ``on``
+        always (prompts of >= 2 tokens), ``auto`` when its padded token count is at most
+        ``PREFIX_SHARING_PAYS`` of the plain layout's, ``off`` never; else None."""
+        mode = self.spec.algo.shared_prefix
+        if mode == "off" or min(len(p) for p in prompts) < 2:
+            return None
+        groups = group_prompts(prompts)
+        if mode == "auto":
+            plain, shared = shared_prefix_tokens(np.array([len(p) for p in prompts]),
+                                                 np.array([len(r) for r in responses]), groups[1])
+            if shared > PREFIX_SHARING_PAYS * plain:
+                return None
+        return groups
+
+    def update_plan(self, batch: UpdateBatch, mini_batches: int, step_seed: int) -> list[list[list[MicroBatch]]]:
+        """The update's plan (drmas/workers/minibatch.py): by agent, then prompt length, prompt, response
+        length; rows with one prompt stay together, so they share it."""
+        prompt_group, _ = group_prompts(batch.prompt_ids)
+        keys = [np.array([len(p) for p in batch.prompt_ids]), prompt_group,
+                np.array([len(r) for r in batch.response_ids])]
+        return plan_minibatches(len(batch.response_ids), mini_batches, self.spec.optim.micro_batch_size, step_seed,
+                                sort_keys=keys, agents=batch.agents)
 
     def update(self, batch: UpdateBatch, step_seed: int) -> dict[str, Any]:
         """One RL step of this worker group; returns metrics (per model and per agent)."""
@@ -131,37 +172,33 @@ class PolicyWorker:
         metrics: dict[str, Any] = {"samples": n}
         if n == 0:
             return metrics
-        rng = np.random.default_rng(step_seed)
-        order = rng.permutation(n)
-        minis = np.array_split(order, min(o.mini_batches, n))
-        old_logp = self._old_logprobs(batch) if len(minis) > 1 else None
+        plan = self.update_plan(batch, o.mini_batches, step_seed)
+        old_logp = self._old_logprobs(batch) if len(plan) > 1 else None
         agg = self.spec.algo.aggregation
         per_step: list[dict[str, float]] = []
-        for mini in minis:
-            mini = mini[np.argsort(batch.agents[mini], kind="stable")]  # agent-contiguous
-            total = (sum(len(batch.response_ids[i]) for i in mini) if agg == "token_mean" else len(mini))
+        for (micro_batches,) in plan:  # one rank
+            rows_of_mini = np.concatenate([mb.rows for mb in micro_batches])
+            total = sum(len(batch.response_ids[i]) for i in rows_of_mini) if agg == "token_mean" else len(rows_of_mini)
             self.optimizer.zero_grad(set_to_none=True)
             tracker = AgentGradNorms(self.model.parameters())
             sums: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "entropy": 0.0, "approx_kl_old": 0.0}
-            for agent in dict.fromkeys(batch.agents[mini]):
-                agent_rows = _by_length(mini[batch.agents[mini] == agent], batch)
-                for start in range(0, len(agent_rows), o.micro_batch_size):
-                    rows = agent_rows[start:start + o.micro_batch_size]
-                    packed, logp, entropy = self._forward(rows, batch, self.model, with_entropy=True)
-                    old = logp.detach() if old_logp is None else _pad_stack([old_logp[i] for i in rows], logp.shape)
-                    ref = None
-                    if self.ref_model is not None:
-                        with torch.no_grad():
-                            _, ref, _ = self._forward(rows, batch, self.ref_model, with_entropy=False)
-                    adv = torch.as_tensor(batch.advantages[rows], dtype=logp.dtype, device=logp.device)
-                    loss, m = policy_loss(logp, old, adv, packed.response_mask, self.loss_cfg, ref_logprobs=ref,
-                                          entropy=entropy)
-                    share = (float(packed.response_mask.sum()) if agg == "token_mean" else len(rows)) / max(total, 1)
-                    (loss * share).backward()
-                    sums["loss"] += float(loss.detach()) * share
-                    for k in ("clip_frac", "entropy", "approx_kl_old"):
-                        sums[k] += m.get(k, 0.0) * share
-                tracker.mark(str(agent))
+            for mb in micro_batches:
+                rows = mb.rows
+                mask, logp, entropy = self._forward(rows, batch, self.model, with_entropy=True)
+                old = logp.detach() if old_logp is None else _pad_stack([old_logp[i] for i in rows], logp.shape)
+                ref = None
+                if self.ref_model is not None:
+                    with torch.no_grad():
+                        _, ref, _ = self._forward(rows, batch, self.ref_model, with_entropy=False)
+                adv = torch.as_tensor(batch.advantages[rows], dtype=logp.dtype, device=logp.device)
+                loss, m = policy_loss(logp, old, adv, mask, self.loss_cfg, ref_logprobs=ref, entropy=entropy)
+                share = (float(mask.sum()) if agg == "token_mean" else len(rows)) / max(total, 1)
+                (loss * share).backward()
+                sums["loss"] += float(loss.detach()) * share
+                for k in ("clip_frac", "entropy", "approx_kl_old"):
+                    sums[k] += m.get(k, 0.0) * share
+                if mb.last_of_agent:
+                    tracker.mark(str(mb.agent))
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), o.max_grad_norm))
             finite = math.isfinite(grad_norm)
             if finite:
@@ -174,26 +211,21 @@ class PolicyWorker:
                              **{f"agent_grad_norm/{a}": v for a, v in tracker.norms.items()}})
         if any(not d["skipped"] for d in per_step):
             self.scheduler.step()  # the warm-up counts RL steps that updated the weights
-        # gradient norms: the max over this step's optimizer steps (a spike must not be averaged away);
-        # everything else: the mean
-        for k in sorted({k for d in per_step for k in d}):
-            values = [d[k] for d in per_step if k in d]
-            metrics[k] = float(max(values) if "grad_norm" in k else np.mean(values))
+        metrics.update(reduce_step_metrics(per_step))
         metrics["lr"] = float(self.scheduler.get_last_lr()[0])
         return metrics
 
     def _old_logprobs(self, batch: UpdateBatch) -> list[torch.Tensor]:
-        """Log-probs of every row under the policy before this step's first optimizer step."""
+        """Log-probs of every row under the policy before this step's first optimizer step (the update's
+        micro-batches, all in one pass)."""
         out: list[torch.Tensor] = [torch.empty(0)] * len(batch.response_ids)
-        mbs = self.spec.optim.micro_batch_size
         with torch.no_grad():
-            for agent in dict.fromkeys(batch.agents):
-                rows = _by_length(np.flatnonzero(batch.agents == agent), batch)
-                for start in range(0, len(rows), mbs):
-                    chunk = rows[start:start + mbs]
-                    packed, logp, _ = self._forward(chunk, batch, self.model, with_entropy=False)
-                    for j, i in enumerate(chunk):
-                        out[i] = logp[j, : int(packed.response_lengths[j])]
+            for (micro_batches,) in self.update_plan(batch, 1, 0):
+                for mb in micro_batches:
+                    mask, logp, _ = self._forward(mb.rows, batch, self.model, with_entropy=False)
+                    lengths = mask.sum(1).long().tolist()
+                    for j, i in enumerate(mb.rows.tolist()):
+                        out[i] = logp[j, : lengths[j]]
         return out
 
     # --------------------------------------------------------------------------------- checkpoints
@@ -214,14 +246,6 @@ class PolicyWorker:
         from drmas.models.factory import save_policy
 
         return str(save_policy(self.model, self.tokenizer, folder))
-
-
-def _by_length(rows: np.ndarray, batch: UpdateBatch) -> np.ndarray:
-    """``rows`` ordered by prompt length, then response length: micro-batches of similar lengths carry less
-    padding (each row's loss weight does not depend on its micro-batch, so the gradient is unchanged)."""
-    prompt_len = np.fromiter((len(batch.prompt_ids[i]) for i in rows), np.int64, len(rows))
-    response_len = np.fromiter((len(batch.response_ids[i]) for i in rows), np.int64, len(rows))
-    return rows[np.lexsort((response_len, prompt_len))]
 
 
 def _pad_stack(rows: list[torch.Tensor], shape: torch.Size) -> torch.Tensor:

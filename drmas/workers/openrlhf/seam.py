@@ -41,6 +41,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
+from drmas.workers import minibatch
+
 #: The OpenRLHF release this seam is written against (``pip install openrlhf==0.11.2``).
 OPENRLHF_VERSION = "0.11.2"
 #: The GPU stack OpenRLHF 0.11.2 pins (its ``Requires-Dist``; requirements/gpu.txt installs these).
@@ -114,23 +116,22 @@ def plan_minibatches(lengths: Sequence[int], mini_batches: int, world_size: int,
     """``plan[m][r]``: the micro-batches (lists of row indices; :data:`PADDING_ROW` = padding sample) of
     DeepSpeed rank ``r`` in optimizer step (mini-batch) ``m``.
 
-    Rows are shuffled (seeded) and split into ``min(mini_batches, n)`` mini-batches, as the local worker
-    does; a mini-batch's rows go round-robin to the ranks, each rank's rows longest first (less padding
-    per micro-batch), cut into micro-batches of ``micro_batch_size``. Every rank runs the same number of
-    micro-batches in a mini-batch: a rank short of rows runs one padding sample in that slot."""
+    The local worker's plan (:func:`drmas.workers.minibatch.plan_minibatches`: seeded shuffle into
+    ``min(mini_batches, n)`` mini-batches, rows round-robin to the ranks) with each rank's rows longest
+    first (less padding per micro-batch) and no agent grouping (OpenRLHF measures no per-agent norm).
+    Every rank runs the same number of micro-batches in a mini-batch: a rank short of rows runs one
+    padding sample in that slot."""
     if mini_batches < 1 or world_size < 1 or micro_batch_size < 1:
         raise ValueError(f"mini_batches={mini_batches}, world_size={world_size}, micro_batch_size="
                          f"{micro_batch_size}: all must be >= 1")
     n = len(lengths)
-    if n == 0:
-        return []
-    order = np.random.default_rng(seed).permutation(n)
+    longest_first = [-np.asarray(lengths, dtype=np.int64), np.arange(n)]
     plan = []
-    for mini in np.array_split(order, min(mini_batches, n)):
-        ranks = [sorted(mini[r::world_size].tolist(), key=lambda i: (-lengths[i], i)) for r in range(world_size)]
-        n_micro = max(1, math.ceil(max(len(rows) for rows in ranks) / micro_batch_size))
-        plan.append([[rows[k * micro_batch_size:(k + 1) * micro_batch_size] or [PADDING_ROW] for k in range(n_micro)]
-                     for rows in ranks])
+    for mini in minibatch.plan_minibatches(n, mini_batches, micro_batch_size, seed, sort_keys=longest_first,
+                                           world_size=world_size):
+        n_micro = max(1, *(len(rank) for rank in mini))
+        plan.append([[rank[k].rows.tolist() if k < len(rank) else [PADDING_ROW] for k in range(n_micro)]
+                     for rank in mini])
     return plan
 
 
@@ -161,22 +162,18 @@ def loss_counts(action_masks: Sequence[torch.Tensor]) -> tuple[float, float]:
 
 def fit_metrics(per_step: Sequence[Mapping[str, float]], agents: Sequence[str], n_rows: int) -> dict[str, Any]:
     """drmas's worker-group metrics (``wg/{m}/...`` keys, docs in drmas/trainer/metrics.py) from one
-    OpenRLHF update: gradient norms are the max over the step's optimizer steps (a spike must not be
-    averaged away), the rest the mean. OpenRLHF exposes only the model's gradient norm, so a per-agent
-    norm is reported when the model serves one agent (non-sharing: exact); under sharing only the
-    model's norm is logged."""
+    OpenRLHF update, reduced as the local worker's (:func:`drmas.workers.minibatch.reduce_step_metrics`:
+    gradient norms the max, NaN when one is not finite; the rest the mean; ``lr`` the last). ``skipped``
+    counts the optimizer steps with a non-finite norm: DeepSpeed (bf16) does not skip them, but counting
+    them lets the trainer's rule (stop after train.max_nonfinite_skips such steps in a row, with a
+    checkpoint) apply. OpenRLHF exposes only the model's gradient norm, so a per-agent norm is reported
+    when the model serves one agent (non-sharing: exact); under sharing only the model's norm is logged."""
     out: dict[str, Any] = {"samples": int(n_rows)}
     if not per_step:
         return out
-    norms = [float(d["grad_norm"]) for d in per_step]
-    finite = [x for x in norms if math.isfinite(x)]
-    out["grad_norm"] = max(norms) if len(finite) == len(norms) else float("nan")
-    # optimizer steps with a non-finite norm. DeepSpeed (bf16) does not skip them, but counting them here lets
-    # the trainer's rule (stop after train.max_nonfinite_skips such steps in a row, with a checkpoint) apply
-    out["skipped"] = float(len(norms) - len(finite))
-    for key in ("loss", "clip_frac"):
-        out[key] = float(np.mean([d[key] for d in per_step]))
-    out["lr"] = float(per_step[-1]["lr"])
+    steps = [{"grad_norm": float(d["grad_norm"]), "skipped": float(not math.isfinite(float(d["grad_norm"]))),
+              "loss": float(d["loss"]), "clip_frac": float(d["clip_frac"]), "lr": float(d["lr"])} for d in per_step]
+    out.update(minibatch.reduce_step_metrics(steps))
     unique = sorted(set(agents))
     if len(unique) == 1:
         out[f"agent_grad_norm/{unique[0]}"] = out["grad_norm"]
