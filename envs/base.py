@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -60,6 +60,15 @@ class Env(abc.ABC):
     @abc.abstractmethod
     def step(self, actions: Sequence[str], idx: Sequence[int] | np.ndarray | None = None) -> StepOutput:
         """Apply ``actions[j]`` to episode ``idx[j]``; never raises on malformed text."""
+
+
+@runtime_checkable
+class HistoryEnv(Protocol):
+    """An environment that renders an episode's interaction so far as text for the agents' prompts (the
+    search environment's queries and <information> blocks); the search orchestras need one."""
+
+    def history(self, i: int) -> str:
+        ...
 
 
 ENV_REGISTRY: Registry[Callable[..., Env]] = Registry("environment")

@@ -185,6 +185,16 @@ def test_registering_a_new_orchestra_is_a_decorator_away():
         register_orchestra("test_only_once")(Once)
 
 
+def test_a_search_orchestra_on_an_env_without_history_says_what_it_needs():
+    import envs.math  # noqa: F401
+    from envs.base import make_env
+
+    episodes = Episodes(_math_tasks(), make_env("math"))
+    call = Scripted(lambda slot, v: "<verify>no</verify>", MATH_ROLES)
+    with pytest.raises(TypeError, match=r"environment with history\(i\) \(envs\.base\.HistoryEnv\); MathEnv has none"):
+        make_orchestra("search").run(episodes, call)
+
+
 @pytest.fixture(scope="module")
 def search_source():
     from drmas.tasks import make_task_source

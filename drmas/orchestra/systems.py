@@ -5,6 +5,7 @@ import numpy as np
 
 from drmas.agents.base import AgentView
 from drmas.orchestra.base import CallFn, Episodes, Orchestra, register_orchestra
+from envs.base import HistoryEnv
 
 
 @register_orchestra("math")
@@ -60,7 +61,11 @@ class MathSingle(Orchestra):
 
 def _search_views(episodes: Episodes, idx: np.ndarray) -> list[AgentView]:
     """Each episode's task with its search history (queries and <information> blocks so far)."""
-    return [AgentView(episodes.tasks[i], history=episodes.env.history(i)) for i in idx]  # type: ignore[attr-defined]
+    env = episodes.env
+    if not isinstance(env, HistoryEnv):
+        raise TypeError(f"the search orchestras need an environment with history(i) (envs.base.HistoryEnv); "
+                        f"{type(env).__name__} has none")
+    return [AgentView(episodes.tasks[i], history=env.history(i)) for i in idx]
 
 
 class _TurnLimited(Orchestra):
