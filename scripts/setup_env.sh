@@ -6,13 +6,11 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${DRMAS_VENV:-$ROOT/.venv}"
 PY="${PYTHON:-python3}"
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "[setup] creating $VENV"
-  "$PY" -m venv "$VENV"
-fi
+source "$ROOT/scripts/venv_lib.sh"
+ensure_venv "$VENV" "$PY" setup
 STAMP="$VENV/.drmas-setup-stamp"
-WANT="$(cat "$ROOT/requirements/cpu.txt" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
-if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
+WANT="$(inputs_hash "$ROOT/requirements/cpu.txt" "$ROOT/pyproject.toml")"
+if ! stamp_is "$STAMP" "$WANT"; then
   echo "[setup] installing locked requirements into $VENV (first run takes ~2 minutes)"
   "$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel
   "$VENV/bin/python" -m pip install -q -r "$ROOT/requirements/cpu.txt"

