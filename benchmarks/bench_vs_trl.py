@@ -62,7 +62,7 @@ def drmas_config(steps: int, run_dir: Path, checkpointing: bool = False) -> RunC
 def step_prompts(cfg: RunConfig, steps: int) -> list[dict]:
     """The drmas task source's tasks of steps 0..steps-1, rendered as the single agent's prompts."""
     from drmas.agents import make_agent
-    from drmas.trainer.tasks import make_task_source
+    from drmas.tasks import make_task_source
 
     source = make_task_source(cfg.env.name, **cfg.env.args)
     agent_cfg = cfg.agents[0]

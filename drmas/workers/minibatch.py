@@ -1,5 +1,5 @@
 """The mini-batch plan and the metric reduction of one worker-group update, shared by the local worker
-(drmas/workers/policy.py) and the OpenRLHF seam (drmas/trainer/openrlhf_seam.py).
+(drmas/workers/policy.py) and the OpenRLHF seam (drmas/workers/openrlhf/seam.py).
 
 Plan (:func:`plan_minibatches`), per RL step:
 1. rows are shuffled (seeded by the step) and split into ``min(mini_batches, n)`` mini-batches, one

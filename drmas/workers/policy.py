@@ -2,7 +2,7 @@
 
 Each worker group is updated only on the samples of the agents mapped to it, with its own optimizer
 config (paper §4). The same class runs in-process (``local`` backend) and as a Ray actor (``ray``
-backend, drmas/trainer/backends.py).
+backend, drmas/workers/ray_backend.py).
 
 Update (paper Eq. 3), per RL step, on the plan of drmas/workers/minibatch.py:
 1. rows are shuffled (seeded) into ``mini_batches`` optimizer steps;
