@@ -17,7 +17,7 @@
 #                  default), move them aside to <run>.stale-<k> and run again (rerun), or use them (keep)
 #   --rebuild-bases  move the shipped base checkpoints (results/sft) aside to results/sft.old-<time> and SFT them
 #                  again from scratch before the grid (~25 min on 2 cores; runs made from the old bases are kept:
-#                  delete results/runs/<grid> to redo them)
+#                  delete results/runs/<grid> to redo them); results/sft/bases.json is then written anew
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SCALE=cpu
@@ -95,6 +95,9 @@ if want train; then
   stage "train: the $SCALE grid ($GRID): SFT warm-up of missing base checkpoints, then every run not yet complete"
   "$PY" -m experiments.grid run "$GRID" --jobs "$JOBS" --device "$DEVICE" --stale "$STALE" ${SEEDS:+--seeds "$SEEDS"} \
     ${RUNS:+--only "$RUNS"}
+  if [ "$REBUILD" = 1 ]; then  # the rebuilt bases' hashes and build records (tests/test_mechanism.py checks them)
+    "$PY" -m experiments.record_bases --built "$(date +%F), bash experiments/run_all.sh --rebuild-bases on $("$PY" -m drmas.devices "$DEVICE")"
+  fi
 fi
 if want analysis; then
   stage "analysis: tables, figures, statistics and results/REPORT.md from $(out_dir "$GRID")"

@@ -150,6 +150,7 @@ def test_shipped_bases_match_their_record():
         for fname, digest in base["files_sha256"].items():
             assert hashlib.sha256((root / name / fname).read_bytes()).hexdigest() == digest, f"{name}/{fname}"
         assert base["sft"]["steps"] > 0 and base["roles"]
+        assert base["build_hash"] == json.loads((root / name / "manifest.sha256.json").read_text())["built_by"]["hash"]
 
 
 def test_a_short_rebuild_of_a_base_is_deterministic(tmp_path):
@@ -167,6 +168,18 @@ def test_a_short_rebuild_of_a_base_is_deterministic(tmp_path):
     a, b = build("a"), build("b")
     for rel in ("tokenizer/tokenizer.json", "base_nano/model.safetensors", "base_nano/config.json"):
         assert (a / rel).read_bytes() == (b / rel).read_bytes(), rel
+
+    # the record run_all.sh --rebuild-bases writes afterwards (results/sft/bases.json) holds both builds' hashes
+    from experiments.record_bases import main as record_bases
+    assert record_bases(["--root", str(tmp_path), "--built", "test build"]) == 0
+    record = json.loads((tmp_path / "bases.json").read_text())
+    assert set(record["bases"]) == {"a/base_nano", "b/base_nano"}
+    entry_a, entry_b = record["bases"]["a/base_nano"], record["bases"]["b/base_nano"]
+    assert entry_a["files_sha256"] == entry_b["files_sha256"] and entry_a["build_hash"] == entry_b["build_hash"]
+    assert entry_a["sft"]["steps"] == 3 and entry_a["trace_args"]["traces"]["verifier_think"] is True
+    assert record["tokenizers_sha256"]["a/tokenizer"] == record["tokenizers_sha256"]["b/tokenizer"]
+    with pytest.raises(SystemExit, match="no base at"):
+        record_bases(["c/base_nano", "--root", str(tmp_path), "--built", "x"])
 
 
 # ------------------------------------------------------------------ the rollout probe (experiments/probe_search.py)
