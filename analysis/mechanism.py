@@ -21,7 +21,7 @@ relation (Spearman ρ between factor and ratio over the points).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -99,6 +99,9 @@ class MechanismVerdict:
     sqrt_fit: float  # median of ratio / sqrt(factor): 1 = the Lemma's √factor prediction
     verdict: str
     reason: str
+    # agent -> (points, ρ(factor, ratio), p) within one agent: descriptive, not the rule (added in session 6
+    # after the sweep was seen; the agents' gradients differ in scale and structure, docs/mechanism.md)
+    per_agent: dict[str, tuple[int, float, float]] = field(default_factory=dict)
 
 
 def mechanism_verdict(points: pd.DataFrame, baseline: str = "trajectory_grpo") -> MechanismVerdict:
@@ -119,9 +122,10 @@ def mechanism_verdict(points: pd.DataFrame, baseline: str = "trajectory_grpo") -
         verdict, reason = "reproduced", f"rho = {rho:.2f} > 0 with p = {pv:.2g} < 0.05"
     else:
         verdict, reason = "not reproduced", f"rho = {rho:.2f}, p = {pv:.2g}"
+    per_agent = {agent: (len(g), *spearman(g["factor"], g["ratio"])) for agent, g in p.groupby("agent")}
     return MechanismVerdict(baseline, len(p), sorted(p["level"].unique().tolist()), sorted(p["seed"].unique().tolist()),
                             fmax, float(p["factor_max"].max()) if len(p) else np.nan, rho, pv, rho0, pv0, rho_a2, pv_a2,
-                            fit, verdict, reason)
+                            fit, verdict, reason, per_agent)
 
 
 def level_table(points: pd.DataFrame) -> pd.DataFrame:

@@ -157,8 +157,8 @@ def claim_lemma(an: Analysis) -> Judged:
         if pooled.n_points:
             text += (f". Pooled step-level GRPO (the other global baseline): largest mean factor {pooled.factor_max_mean:.2f} "
                      f"(step max {pooled.factor_max_step:.2f}); rho(factor, grad-norm ratio) = {pooled.rho:.2f} (p = "
-                     f"{pooled.p:.2g}); rho(factor, E_k[A²] ratio) = {pooled.rho_a2:.2f} (p = {pooled.p_a2:.2g}); the same rule "
-                     f"would say: {pooled.verdict}")
+                     f"{pooled.p:.2g}); rho(factor, E_k[A²] ratio) = {pooled.rho_a2:.2f} (p = {pooled.p_a2:.2g}); within one "
+                     f"agent: {_per_agent_text(pooled)}; the same rule would say: {pooled.verdict}")
         return Judged(title, paper, text + "; main grid: " + main, v.verdict)
     if p.empty:
         return Judged(title, paper, "no GRPO / Dr. MAS pair", NOT_RUN)
@@ -201,7 +201,13 @@ def _mechanism_text(v: MechanismVerdict, points: pd.DataFrame) -> str:
             f"factor under trajectory GRPO {v.factor_max_mean:.2f} (step max {v.factor_max_step:.2f}); per level, largest "
             f"agent factor / its grad-norm ratio GRPO/Dr. MAS: {per_level}; Spearman rho(factor, ratio) = {v.rho:.2f} "
             f"(p = {v.p:.2g}); at step 0 (identical rollouts) {v.rho_step0:.2f} (p = {v.p_step0:.2g}); rho(factor, E_k[A²] "
-            f"ratio) = {v.rho_a2:.2f} (p = {v.p_a2:.2g}); median ratio / √factor = {v.sqrt_fit:.2f} (Lemma: 1)")
+            f"ratio) = {v.rho_a2:.2f} (p = {v.p_a2:.2g}); median ratio / √factor = {v.sqrt_fit:.2f} (Lemma: 1); within "
+            f"one agent (descriptive, not the rule): {_per_agent_text(v)}")
+
+
+def _per_agent_text(v: MechanismVerdict) -> str:
+    return ", ".join(f"{agent} rho {rho:.2f} (p = {pv:.2g}, {n} points)" if np.isfinite(rho) else f"{agent} n/a"
+                     for agent, (n, rho, pv) in sorted(v.per_agent.items()))
 
 
 def claim_spikes(an: Analysis) -> Judged:

@@ -13,7 +13,9 @@ run of this config sees first) it classifies every trajectory:
 
 and reports each agent's Lemma 4.2 factor under the two global baselines (``drmas.algos.lemma_factors``,
 mean and max over task groups), the Verifier's P(yes) after a search by the question's hop count and
-whether the history then holds the answer, and, with ``--grad-samples N``, the mean per-sample gradient norm ||∇ Σ_t log π(y_t)|| of up to N
+whether the history then holds the answer, each agent's share of distinct responses within a task group
+(identical samples share one gradient, so advantages that sum to 0 over them, as Dr. MAS's do, cancel),
+and, with ``--grad-samples N``, the mean per-sample gradient norm ||∇ Σ_t log π(y_t)|| of up to N
 Answer-agent steps in successful and in failed trajectories. Lemma 4.2 takes that gradient z to be
 independent of the outcome; if successes have smaller per-sample gradients (confident responses), the
 factor inflates E_k[A²] but not the gradient norm. docs/mechanism.md quotes this probe's numbers.
@@ -28,6 +30,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 
 from drmas.algos import lemma_factors
@@ -73,7 +76,7 @@ def probe(config: str, overrides: list[str], steps: int, grad_samples: int) -> d
         env_of_batch.append(env)
         return env
 
-    classes, factors, verdicts = [], defaultdict(list), defaultdict(lambda: [0, 0])
+    classes, factors, verdicts, distinct = [], defaultdict(list), defaultdict(lambda: [0, 0]), defaultdict(list)
     answer_rows: dict[str, list] = {"success": [], "failure": []}
     t0 = time.perf_counter()
     for step in range(steps):
@@ -86,6 +89,12 @@ def probe(config: str, overrides: list[str], steps: int, grad_samples: int) -> d
         for baseline in ("trajectory_grpo", "pooled_grpo"):
             for row in lemma_factors(table.score, table.task, table.agent, table.traj, baseline).itertuples():
                 factors[(baseline, row.agent)].append(row.factor)
+        # how alike an agent's samples of one task group are: identical samples have one gradient, so under Dr. MAS
+        # (advantages summing to 0 over the agent's steps of the group) their contributions cancel
+        steps_of = pd.DataFrame({"task": table.task, "agent": table.agent, "text": list(table.texts)})
+        share = steps_of.groupby(["task", "agent"])["text"].agg(lambda t: t.nunique() / len(t))
+        for (_, agent), value in share.items():
+            distinct[agent].append(value)
         n = len(ro.traj_reward)
         answered = np.zeros(n, bool)
         answered[table.traj[table.agent == "answer"]] = True
@@ -115,7 +124,9 @@ def probe(config: str, overrides: list[str], steps: int, grad_samples: int) -> d
            "outcomes": {c: round(float((cls == c).mean()), 3) for c in OUTCOMES},
            "factors": {f"{b}/{a}": {"mean": round(float(np.mean(v)), 3), "max": round(float(np.max(v)), 3),
                                     "groups": len(v)} for (b, a), v in sorted(factors.items())},
-           "verifier_p_yes": {k: {"p": round(y / max(m, 1), 3), "calls": m} for k, (y, m) in sorted(verdicts.items())}}
+           "verifier_p_yes": {k: {"p": round(y / max(m, 1), 3), "calls": m} for k, (y, m) in sorted(verdicts.items())},
+           "distinct_responses": {a: {"mean": round(float(np.mean(v)), 3), "groups": len(v)}
+                                  for a, v in sorted(distinct.items())}}
     if grad_samples:
         temperature = trainer.slots["answer"].sampling.temperature
         workers = trainer.backend.generators()

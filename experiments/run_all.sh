@@ -16,7 +16,7 @@
 #   --stale MODE   run folders made with another config than the YAML gives now: stop and list them (error,
 #                  default), move them aside to <run>.stale-<k> and run again (rerun), or use them (keep)
 #   --rebuild-bases  move the shipped base checkpoints (results/sft) aside to results/sft.old-<time> and SFT them
-#                  again from scratch before the grid (~25 min on 2 cores; runs made from the old bases are kept:
+#                  again from scratch before the grid (the search bases: 43 min on 2 cores; runs made from the old bases are kept:
 #                  delete results/runs/<grid> to redo them); results/sft/bases.json is then written anew
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

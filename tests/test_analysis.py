@@ -368,6 +368,10 @@ def test_mechanism_points_pair_each_baseline_with_drmas(tmp_path):
     np.testing.assert_allclose(answer["a2_ratio"].mean(), [1.0, 1.5, 2.5, 4.0], rtol=0.05)
     v = mechanism_verdict(pts)
     assert v.verdict == "reproduced" and v.n_points == 24 and v.rho > 0.5 and v.sqrt_fit == pytest.approx(1.0, abs=0.05)
+    # within one agent: the Answer agent's ratio follows its factor; the Search agent's factor is 1 at every level
+    n, rho, p = v.per_agent["answer"]
+    assert n == 12 and rho > 0.8 and p < 0.01
+    assert v.per_agent["search"][0] == 12 and abs(v.per_agent["search"][1]) < 0.8
 
 
 def test_mechanism_verdict_needs_heterogeneity_and_points(tmp_path):

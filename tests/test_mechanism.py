@@ -205,6 +205,8 @@ def test_probe_runs_on_the_shipped_search_base(tmp_path):
     assert abs(sum(result["outcomes"][c] for c in OUTCOMES) - 1) < 1e-6
     assert all(v["mean"] >= 0 and v["max"] >= v["mean"] for v in result["factors"].values())
     assert all(v["mean"] is None or v["mean"] > 0 for v in result["answer_grad_norm"].values())
+    assert set(result["distinct_responses"]) <= {"verifier", "search", "answer"}
+    assert all(0 < v["mean"] <= 1 and v["groups"] >= 1 for v in result["distinct_responses"].values())
 
 
 def test_a_thinking_verifier_states_the_need_then_the_fact_or_its_absence(kb, retriever):
