@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -66,8 +67,9 @@ def _sample_grad_norm(worker, prompt_ids, response_ids, temperature: float) -> f
     return sq ** 0.5
 
 
-def probe(config: str, overrides: list[str], steps: int, grad_samples: int) -> dict:
-    cfg = load_config(config, ["train.evaluate=false", "name=probe", "out_dir=/tmp/drmas-probe", *overrides])
+def probe(config: str, overrides: list[str], steps: int, grad_samples: int, scratch: str) -> dict:
+    """The probe's result for ``config`` with ``overrides``; ``scratch`` holds the trainer's run folder."""
+    cfg = load_config(config, ["train.evaluate=false", "name=probe", f"out_dir={scratch}", *overrides])
     trainer = Trainer(cfg)
     env_of_batch: list = []
 
@@ -154,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--steps must be >= 1 and --grad-samples >= 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     torch.set_num_threads(1)
-    result = probe(args.config, args.overrides, args.steps, args.grad_samples)
+    with tempfile.TemporaryDirectory(prefix="drmas-probe-") as scratch:  # the trainer's run folder; nothing is kept
+        result = probe(args.config, args.overrides, args.steps, args.grad_samples, scratch)
     if args.out:
         atomic_write_json(args.out, result)
     logger.info("%s", json.dumps(result, indent=1))
