@@ -2,7 +2,7 @@
 
     python -m experiments.device_check prepare GRID --work DIR --name NAME [--steps N] [--sft-steps N]
                                        [--copies N] [--only ENTRY]
-    python -m experiments.device_check report --work DIR [--cpu-minutes 37.9] [--lanes-grid cpu.yaml]
+    python -m experiments.device_check report --work DIR [--cpu-minutes 47.4] [--lanes-grid cpu.yaml]
 
 ``prepare`` writes ``DIR/NAME/grid.yaml`` and one derived config per entry (``base:`` the grid's config, so
 the setting is exactly the grid's) with every model checkpoint, tokenizer and run folder under ``DIR``, a

@@ -4,7 +4,7 @@ comparison of an interrupted-and-resumed run with an uninterrupted twin; s/step 
 throughput of N concurrent runs.
 
     python -m experiments.device_report smoke RUN_A RUN_B [--out summary.json]
-    python -m experiments.device_report timing RUN_DIR... [--out timing.json] [--cpu-grid-minutes 37.9]
+    python -m experiments.device_report timing RUN_DIR... [--out timing.json] [--cpu-grid-minutes 47.4]
 
 Only the standard library, numpy and the run folders are needed (no torch), so it runs anywhere.
 """

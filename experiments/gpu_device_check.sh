@@ -6,7 +6,7 @@
 #   2. the CPU default grid's math and search settings on the GPU (experiments/grids/cpu.yaml, one run per
 #      entry, short SFT, a few RL steps each, `--jobs auto`): s/step per setting, tokens/s; then 1, 2, 4, 8
 #      concurrent copies of the math non-sharing run: how many concurrent runs pay off; from both, the time of
-#      the whole default grid on this GPU against its measured 37.9 min on 2 CPU cores (run_all.sh on a clean clone, session 5) (<= 270 s);
+#      the whole default grid on this GPU against its measured 47.4 min on 2 CPU cores (run_all.sh on a clean clone, session 6) (<= 270 s);
 #   3. if time is left (9 min in all): the first steps of the gpu grid (experiments/grids/gpu.yaml), one run
 #      per entry, and the estimate of its full time.
 #
@@ -93,6 +93,6 @@ else
 fi
 
 say "== report"
-"$PY" -m experiments.device_check report --work "$WORK" --cpu-minutes 37.9 --out "$OUT/report.json" 2>&1 \
+"$PY" -m experiments.device_check report --work "$WORK" --cpu-minutes 47.4 --out "$OUT/report.json" 2>&1 \
   | tee -a "$OUT/summary.txt"
 say "== total $(( $(date +%s) - T0 )) s"

@@ -42,6 +42,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from drmas.registry import Registry
+
 Singleton = Literal["raw", "zero"]
 Ddof = Literal[0, 1]
 IdColumn = Sequence | np.ndarray | torch.Tensor | pd.Series
@@ -267,19 +269,12 @@ class Grouping:
 
 
 EstimatorFn = Callable[[StepBatch], tuple[torch.Tensor, Grouping]]
-ESTIMATORS: dict[str, EstimatorFn] = {}
+ESTIMATORS: Registry[EstimatorFn] = Registry("advantage estimator")
 
 
 def register_estimator(name: str) -> Callable[[EstimatorFn], EstimatorFn]:
     """Decorator adding an estimator to :data:`ESTIMATORS` (duplicate names are rejected)."""
-
-    def deco(fn: EstimatorFn) -> EstimatorFn:
-        if name in ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        ESTIMATORS[name] = fn
-        return fn
-
-    return deco
+    return ESTIMATORS.register(name)
 
 
 @register_estimator("trajectory_grpo")
@@ -425,8 +420,7 @@ def compute_advantages(
         ``group_index`` are returned on the device of ``scores`` when it is a tensor (e.g. CUDA in, CUDA
         out), else on the CPU.
     """
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {estimator!r}; registered: {sorted(ESTIMATORS)}")
+    estimate = ESTIMATORS.get(estimator)  # an unknown name: a ValueError listing the registered ones
     conv = Conventions(ddof=ddof, eps=float(eps), singleton=singleton, scale_by_std=bool(scale_by_std))
     device = scores.device if isinstance(scores, torch.Tensor) else torch.device("cpu")
     x = _as_scores(scores)
@@ -434,10 +428,10 @@ def compute_advantages(
     if x.numel() == 0:
         empty = pd.DataFrame(columns=["task_id", "n", "mean", "std", "singleton"])
         return AdvantageResult(torch.zeros(0, device=device), empty, torch.zeros(0, dtype=torch.int64, device=device))
-    adv, grouping = ESTIMATORS[estimator](batch)
+    adv, grouping = estimate(batch)
     return AdvantageResult(adv.to(device=device, dtype=torch.float32), lambda: _stats_frame(batch, grouping),
                            grouping.segments.code.to(device))
 
 
 def registered_estimators() -> list[str]:
-    return sorted(ESTIMATORS)
+    return ESTIMATORS.names()
