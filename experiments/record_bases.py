@@ -26,9 +26,7 @@ from drmas.io import atomic_write_json, sha256_file
 logger = logging.getLogger(__name__)
 
 ROOT = Path("results/sft")
-
-
-CONFIGS = "experiments/configs/cpu/*.yaml"
+CONFIGS = "experiments/configs/cpu/*.yaml"  # the configs whose model paths say which base each starts from
 
 
 def configs_using(pattern: str = CONFIGS) -> dict[str, list[str]]:
