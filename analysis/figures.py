@@ -34,7 +34,7 @@ from drmas.algos import SpikeRule, spike_ratios
 from drmas.io import atomic_output
 
 from analysis.runs import GridData, run_averages
-from analysis.tables import ABLATION, MAIN_ESTIMATORS, PAIRS, SETTINGS
+from analysis.tables import ABLATION, ABLATION_ONLY, PAIRS, SETTINGS
 
 logger = logging.getLogger(__name__)
 
@@ -170,8 +170,7 @@ def fig_training(data: GridData, task: str, settings: Sequence[str] = (*SETTINGS
 
 def fig_ablation(data: GridData, task: str, seeds: Sequence[int] | None = None) -> Figure | None:
     settings = [v.ours for v in ABLATION]
-    ablation_only = [v.ours for v in ABLATION if v.estimator not in MAIN_ESTIMATORS]
-    if not any(s in set(data.runs.loc[data.runs["task"] == task, "setting"]) for s in ablation_only):
+    if not any(s in set(data.runs.loc[data.runs["task"] == task, "setting"]) for s in ABLATION_ONLY):
         return None
     fig = _figure(14, 3.6)
     ax1, ax2, ax3 = fig.subplots(1, 3)

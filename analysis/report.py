@@ -28,7 +28,7 @@ from analysis.integrity import data_problems_section
 from analysis.mechanism import FACTOR_REGIME, MIN_POINTS, MechanismVerdict, level_table, mechanism_points, mechanism_verdict
 from analysis.runs import GridData, describe_scale, final_evals, load_grid
 from analysis.stats import N_BOOT, kendall_tau, spearman
-from analysis.tables import (ABLATION, DATA, MAIN_ESTIMATORS, PAIRS, PAPER_ABLATION_ORDER, PRICES_YAML, TABLE_OF_TASK,
+from analysis.tables import (ABLATION, ABLATION_ONLY, DATA, PAIRS, PAPER_ABLATION_ORDER, PRICES_YAML, TABLE_OF_TASK,
                              VARIANT, ablation_long, ablation_seeds, ablation_table, accuracy_long, accuracy_table,
                              average_comparison, efficiency_long, efficiency_summary, fmt_ci, fmt_gain, gradnorm_pairs,
                              gradnorm_runs, gradnorm_table, headline_table, load_paper, load_prices, paired_long,
@@ -53,30 +53,27 @@ class Judged:
 @dataclass(frozen=True)
 class ClaimSpec:
     """One claim of the paper, whole: its key (the REPORT.md row), the verdict rule in words (REPORT.md,
-    claims.csv, docs/analysis.md), the :class:`Analysis` fields its verdict reads, and the verdict function."""
+    claims.csv, docs/analysis.md) and the verdict function."""
 
     key: str
-    inputs: tuple[str, ...]
     judge: Callable[["Analysis"], Judged]
     rule: str
 
     def evaluate(self, an: "Analysis") -> "Claim":
-        return Claim(self, self.judge(an))
+        j = self.judge(an)
+        return Claim(self.key, j.claim, j.paper, j.ours, j.verdict, self.rule)
 
 
 @dataclass(frozen=True)
 class Claim:
-    """A judged claim: its spec and what its verdict function found."""
+    """A judged claim: its key and rule, and what its verdict function found."""
 
-    spec: ClaimSpec
-    judged: Judged
-
-    key = property(lambda self: self.spec.key)
-    rule = property(lambda self: self.spec.rule)
-    claim = property(lambda self: self.judged.claim)
-    paper = property(lambda self: self.judged.paper)
-    ours = property(lambda self: self.judged.ours)
-    verdict = property(lambda self: self.judged.verdict)
+    key: str
+    claim: str
+    paper: str
+    ours: str
+    verdict: str
+    rule: str
 
 
 @dataclass
@@ -119,7 +116,7 @@ def analyze(data: GridData, seed: int = 0, n_boot: int = N_BOOT, mechanism: Grid
         deltas[task] = paired_long(final, task, PAIRS, rng, n_boot)
         pooled[task] = paired_long(final, task, pooled_pair, rng, n_boot)
         settings = set(final.loc[final["task"] == task, "setting"])
-        if any(v.ours in settings for v in ABLATION if v.estimator not in MAIN_ESTIMATORS):
+        if any(tag in settings for tag in ABLATION_ONLY):
             abl_seeds[task] = ablation_seeds(final, task)
             abl[task] = ablation_long(final, paper, task, rng, n_boot)
             f = final[(final["task"] == task) & final["seed"].isin(abl_seeds[task])]
@@ -334,28 +331,27 @@ def claim_pooled(an: Analysis, task: str = "search") -> Judged:
 
 
 CLAIMS = (
-    ClaimSpec("a", inputs=("mechanism", "pairs"), judge=claim_lemma, rule=(
+    ClaimSpec("a", judge=claim_lemma, rule=(
         "decided on the mechanism sweep (trajectory GRPO vs Dr. MAS, same seeds; analysis/mechanism.py): not run with "
         f"fewer than {MIN_POINTS} (level, seed, agent) points; not produced if no agent's mean Lemma factor under GRPO "
         f"reaches {FACTOR_REGIME:g}; else reproduced if the GRPO/Dr. MAS grad-norm ratio rises with the factor "
         "(Spearman rho > 0, p < 0.05), not reproduced otherwise. Without a sweep, the same rule on the main grid's "
         "(setting, seed, agent) pairs")),
-    ClaimSpec("b", inputs=("pairs", "claims_paper"), judge=claim_spikes, rule=(
+    ClaimSpec("b", judge=claim_spikes, rule=(
         "needs GPU scale if GRPO runs show no spike and no non-finite norm (nothing to remove); else reproduced if "
         "Dr. MAS has fewer spikes + non-finite norms than GRPO and a lower max grad norm in most agent pairs, "
         "not reproduced otherwise")),
-    *(ClaimSpec("c", inputs=("pooled", "deltas", "acc", "headline", "claims_paper"),
-                judge=partial(claim_accuracy, task=task), rule=(
+    *(ClaimSpec("c", judge=partial(claim_accuracy, task=task), rule=(
         "reproduced if the paired Dr. MAS - GRPO difference of avg@k (Average over benchmarks, pooled over sharing, "
         "non-sharing and seeds) is > 0 and its 95 % CI excludes 0; not reproduced otherwise"))
       for task in ("math", "search")),
-    ClaimSpec("d", inputs=("ablation", "ablation_seeds", "paper"), judge=claim_ablation, rule=(
+    ClaimSpec("d", judge=claim_ablation, rule=(
         "reproduced if our avg@k order of the four variants equals the paper's (Kendall tau = 1); the paired "
         "differences to (mu,sigma) show which gaps the CIs resolve")),
-    ClaimSpec("e", inputs=("efficiency_summary", "hetero_delta", "data", "claims_paper"), judge=claim_hetero, rule=(
+    ClaimSpec("e", judge=claim_hetero, rule=(
         "reproduced if hetero has lower generation time and lower cost per step and its paired accuracy difference "
         "to homogeneous Dr. MAS has a 95 % CI that includes 0 or lies above it; not reproduced otherwise")),
-    ClaimSpec("f", inputs=("ablation_extra", "ablation_seeds", "gradnorm"), judge=claim_pooled, rule=(
+    ClaimSpec("f", judge=claim_pooled, rule=(
         "no verdict (the paper does not run it): paired differences of pooled step-level normalization to "
         "agent-wise and to trajectory GRPO, and its spikes")),
 )

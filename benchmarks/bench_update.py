@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import logging
 import statistics
 import tempfile
@@ -32,6 +31,7 @@ import numpy as np
 import torch
 
 from drmas.config import load_config
+from drmas.io import atomic_write_json
 from drmas.models.logprobs import shared_prefix_tokens
 from drmas.trainer.trainer import Trainer
 from drmas.workers.policy import PolicyWorker, UpdateBatch
@@ -148,7 +148,7 @@ def main() -> None:
                   f"{r['positions_shared']:,} ({r['positions_plain'] / r['positions_shared']:.2f}x fewer; real tokens "
                   f"{r['real_tokens']:,}); grad norm max rel. diff {r['max_rel_diff_grad_norm']:.1e}", flush=True)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        atomic_write_json(args.json, results, indent=1)
 
 
 if __name__ == "__main__":

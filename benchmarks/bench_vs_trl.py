@@ -54,8 +54,7 @@ DIFFERENCES = (
 )
 
 
-def drmas_config(steps: int, run_dir: Path, checkpointing: bool = False) -> RunConfig:
-    del checkpointing  # drmas has none; the argument keeps the two builders symmetric
+def drmas_config(steps: int, run_dir: Path) -> RunConfig:
     return load_config(CONFIG, [f"out_dir={run_dir}", "name=drmas", "train.evaluate=false", f"train.steps={steps}"])
 
 

@@ -38,7 +38,7 @@ from drmas.algos import lemma_factors
 from drmas.config import load_config
 from drmas.io import atomic_write_json
 from drmas.models.logprobs import batch_logprobs, make_batch
-from drmas.trainer.collect import collect
+from drmas.trainer.metrics import GLOBAL_BASELINES
 from drmas.trainer.trainer import Trainer
 
 logger = logging.getLogger("experiments.probe_search")
@@ -62,6 +62,7 @@ def _sample_grad_norm(worker, prompt_ids, response_ids, temperature: float) -> f
     packed = make_batch([prompt_ids], [response_ids], worker.pad_id, device=worker.device)
     logp, _ = batch_logprobs(model, packed, temperature=temperature)
     logp.sum().backward()
+    # summed in float64 (drmas.algos.grad_norm sums in float32: the probe's 4-decimal means would move)
     sq = sum(float(p.grad.double().pow(2).sum()) for p in model.parameters() if p.grad is not None)
     model.zero_grad(set_to_none=True)
     return sq ** 0.5
@@ -82,13 +83,11 @@ def probe(config: str, overrides: list[str], steps: int, grad_samples: int, scra
     answer_rows: dict[str, list] = {"success": [], "failure": []}
     t0 = time.perf_counter()
     for step in range(steps):
-        tasks = trainer.source.train_tasks(step, cfg.train.batch_tasks, seed=cfg.train.seed)
         env_of_batch.clear()
-        ro = collect(tasks, cfg.train.group_size, trainer.orchestra, make_env, trainer.slots,
-                     trainer.backend.generators(), seed=cfg.train.seed * 1_000_003 + step)
+        ro = trainer.rollout(step, make_env)  # the run's own task batch and rollout seed
         env, table = env_of_batch[0], ro.table
         table.assign_rewards(ro.traj_reward, trainer.invalid_penalties)
-        for baseline in ("trajectory_grpo", "pooled_grpo"):
+        for baseline in GLOBAL_BASELINES:
             for row in lemma_factors(table.score, table.task, table.agent, table.traj, baseline).itertuples():
                 factors[(baseline, row.agent)].append(row.factor)
         # how alike an agent's samples of one task group are: identical samples have one gradient, so under Dr. MAS
@@ -139,7 +138,7 @@ def probe(config: str, overrides: list[str], steps: int, grad_samples: int, scra
             norms[kind] = [_sample_grad_norm(workers[rows[j][2]], rows[j][0], rows[j][1], temperature) for j in pick]
         out["answer_grad_norm"] = {k: {"mean": round(float(np.mean(v)), 4) if v else None, "samples": len(v)}
                                    for k, v in norms.items()}
-    trainer.backend.close()
+    trainer.close()
     return out
 
 

@@ -8,7 +8,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MAIN="${DRMAS_VENV:-$ROOT/.venv}"
 BENCH="${DRMAS_BENCH_VENV:-$ROOT/.venv-bench}"
 [ -x "$MAIN/bin/python" ] || { echo "[bench-setup] no $MAIN: run scripts/setup_env.sh first" >&2; exit 1; }
-[ -x "$BENCH/bin/python" ] || "$MAIN/bin/python" -m venv "$BENCH"
+source "$ROOT/scripts/venv_lib.sh"
+ensure_venv "$BENCH" "$MAIN/bin/python" bench-setup
 # the main environment's site-packages behind the bench environment's own (a .pth line adds it to sys.path)
 "$MAIN/bin/python" -c "import site; print(site.getsitepackages()[0])" \
   > "$("$BENCH/bin/python" -c "import site; print(site.getsitepackages()[0])")/drmas_main_venv.pth"

@@ -1,4 +1,4 @@
-# Sourced by the set-up scripts (setup_env.sh, setup_vllm_env.sh): one way to create a venv and to decide
+# Sourced by the set-up scripts (setup_env.sh, setup_vllm_env.sh, setup_bench_env.sh): one way to create a venv and to decide
 # whether its install is current (a stamp holding the sha256 of the files the install comes from).
 ensure_venv() {  # ensure_venv VENV PYTHON TAG: create VENV with PYTHON unless it exists
   if [ ! -x "$1/bin/python" ]; then

@@ -272,9 +272,7 @@ EstimatorFn = Callable[[StepBatch], tuple[torch.Tensor, Grouping]]
 ESTIMATORS: Registry[EstimatorFn] = Registry("advantage estimator")
 
 
-def register_estimator(name: str) -> Callable[[EstimatorFn], EstimatorFn]:
-    """Decorator adding an estimator to :data:`ESTIMATORS` (duplicate names are rejected)."""
-    return ESTIMATORS.register(name)
+register_estimator = ESTIMATORS.register  # decorator: @register_estimator("name"); duplicate names are rejected
 
 
 @register_estimator("trajectory_grpo")
@@ -431,7 +429,3 @@ def compute_advantages(
     adv, grouping = estimate(batch)
     return AdvantageResult(adv.to(device=device, dtype=torch.float32), lambda: _stats_frame(batch, grouping),
                            grouping.segments.code.to(device))
-
-
-def registered_estimators() -> list[str]:
-    return ESTIMATORS.names()

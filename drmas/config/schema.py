@@ -175,7 +175,7 @@ class AlgoConfig(Strict):
     def _known_estimator(cls, estimator: str) -> str:
         from drmas.algos import ESTIMATORS
 
-        return _registered(estimator, sorted(ESTIMATORS), "estimator")
+        return _registered(estimator, ESTIMATORS.names(), "estimator")
 
     ddof: Ddof = Field(Conventions.ddof, description="std of the advantage groups: 1 = unbiased "
                                 "(reference), 0 = population")

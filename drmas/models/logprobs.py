@@ -199,6 +199,23 @@ def shared_prefix_tokens(prompt_lengths: np.ndarray, response_lengths: np.ndarra
     return plain, shared
 
 
+def shared_prompt_groups(mode: str, prompt_ids: Sequence[Sequence[int]],
+                         response_lengths: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """The prompt groups (:func:`group_prompts`) when rows run in the shared-prompt layout under
+    ``algo.shared_prefix = mode``: ``on`` always (prompts of >= 2 tokens), ``auto`` when its padded token
+    count (:func:`shared_prefix_tokens`) is at most :data:`PREFIX_SHARING_PAYS` of the plain layout's,
+    ``off`` never; else None. The one rule for training forwards and generation prefills."""
+    if mode == "off" or min(len(p) for p in prompt_ids) < 2:
+        return None
+    groups = group_prompts(prompt_ids)
+    if mode == "auto":
+        plain, shared = shared_prefix_tokens(np.array([len(p) for p in prompt_ids]), np.asarray(response_lengths),
+                                             groups[1])
+        if shared > PREFIX_SHARING_PAYS * plain:
+            return None
+    return groups
+
+
 @dataclass
 class SharedPrefixBatch:
     """Rows with shared prompts, in the layout of the module docstring's "Shared prompts" (U distinct

@@ -29,8 +29,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from drmas.devices import autocast, check_precision
-from drmas.models.logprobs import (PREFIX_SHARING_PAYS, cache_argument, group_prompts, pad_rows, prefix_cache,
-                                   shared_prefix_tokens)
+from drmas.models.logprobs import cache_argument, pad_rows, prefix_cache, shared_prompt_groups
 from drmas.rollout.base import (Generation, RolloutEngine, SamplingParams, register_engine, render_prompts,
                                 stop_positions)
 
@@ -143,13 +142,10 @@ class HFRolloutEngine(RolloutEngine):
     def _prompt_cache(self, prompt_ids: list[list[int]], input_ids: torch.Tensor, attention_mask: torch.Tensor):
         """The rows' KV cache of all prompt positions but the last, each distinct prompt prefilled once
         (module docstring), or None where ``shared_prefix`` does not ask for it."""
-        if self.shared_prefix == "off" or min(len(ids) for ids in prompt_ids) < 2:
+        groups = shared_prompt_groups(self.shared_prefix, prompt_ids, np.zeros(len(prompt_ids)))
+        if groups is None:
             return None
-        index, leaders = group_prompts(prompt_ids)
-        plain, shared = shared_prefix_tokens(np.array([len(ids) for ids in prompt_ids]), np.zeros(len(prompt_ids)),
-                                             leaders)
-        if self.shared_prefix == "auto" and shared > PREFIX_SHARING_PAYS * plain:
-            return None
+        index, leaders = groups
         rows = torch.as_tensor(leaders, device=input_ids.device)
         return prefix_cache(self.model, input_ids[rows, :-1], attention_mask[rows, :-1],
                             torch.as_tensor(index, device=input_ids.device))

@@ -17,7 +17,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -32,7 +32,7 @@ from drmas.devices import describe, resolve_device
 from drmas.orchestra import make_orchestra
 from drmas.rollout.base import SamplingParams
 from drmas.trainer.metrics import MetricsSink, evaluation_metrics, step_metrics
-from drmas.trainer.collect import AgentSlot, collect
+from drmas.trainer.collect import AgentSlot, Collected, collect
 from drmas.tasks import make_task_source
 from drmas.workers.base import WorkerDied, make_backend
 from drmas.workers.catalog import BACKENDS
@@ -85,13 +85,19 @@ class Trainer:
         self.step = 0
 
     # -------------------------------------------------------------------------------- one RL step
+    def rollout(self, step: int, make_env: Callable[[], Any] | None = None) -> Collected:
+        """Step ``step``'s training rollout: its task batch and rollout seed (``make_env`` defaults to the
+        task source's; experiments/probe_search.py passes one that keeps the environments)."""
+        cfg = self.cfg
+        tasks = self.source.train_tasks(step, cfg.train.batch_tasks, seed=cfg.train.seed)
+        return collect(tasks, cfg.train.group_size, self.orchestra, make_env or self.source.make_env, self.slots,
+                       self.backend.generators(), seed=cfg.train.seed * 1_000_003 + step)
+
     def train_step(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
         timings: dict[str, float] = {}
         with _timed(timings, "rollout"):
-            tasks = self.source.train_tasks(step, cfg.train.batch_tasks, seed=cfg.train.seed)
-            rollout = collect(tasks, cfg.train.group_size, self.orchestra, self.source.make_env, self.slots,
-                              self.backend.generators(), seed=cfg.train.seed * 1_000_003 + step)
+            rollout = self.rollout(step)
             table = rollout.table
         with _timed(timings, "rewards"):
             table.assign_rewards(rollout.traj_reward, self.invalid_penalties)

@@ -41,8 +41,8 @@ import torch
 from drmas.algos import AgentGradNorms, PolicyLossConfig, policy_loss
 from drmas.config import AlgoConfig, ModelConfig, OptimConfig
 from drmas.devices import autocast, resolve_device
-from drmas.models.logprobs import (PREFIX_SHARING_PAYS, batch_logprobs, group_prompts, make_batch,
-                                   make_shared_prefix_batch, shared_prefix_logprobs, shared_prefix_tokens)
+from drmas.models.logprobs import (batch_logprobs, group_prompts, make_batch, make_shared_prefix_batch,
+                                   shared_prefix_logprobs, shared_prompt_groups)
 from drmas.rollout.base import Generation, SamplingParams, make_engine
 from drmas.workers.minibatch import MicroBatch, plan_minibatches, reduce_step_metrics
 
@@ -141,20 +141,10 @@ class PolicyWorker:
         return packed.response_mask, logp, entropy
 
     def prompt_groups(self, prompts: list[list[int]],
-                        responses: list[list[int]]) -> tuple[np.ndarray, np.ndarray] | None:
-        """The prompt groups (:func:`group_prompts`) when these rows run in the shared-prompt layout: ``on``
-        always (prompts of >= 2 tokens), ``auto`` when its padded token count is at most
-        ``PREFIX_SHARING_PAYS`` of the plain layout's, ``off`` never; else None."""
-        mode = self.spec.algo.shared_prefix
-        if mode == "off" or min(len(p) for p in prompts) < 2:
-            return None
-        groups = group_prompts(prompts)
-        if mode == "auto":
-            plain, shared = shared_prefix_tokens(np.array([len(p) for p in prompts]),
-                                                 np.array([len(r) for r in responses]), groups[1])
-            if shared > PREFIX_SHARING_PAYS * plain:
-                return None
-        return groups
+                      responses: list[list[int]]) -> tuple[np.ndarray, np.ndarray] | None:
+        """The prompt groups when these rows run in the shared-prompt layout (:func:`shared_prompt_groups`
+        under ``algo.shared_prefix``), else None."""
+        return shared_prompt_groups(self.spec.algo.shared_prefix, prompts, [len(r) for r in responses])
 
     def update_plan(self, batch: UpdateBatch, mini_batches: int, step_seed: int) -> list[list[list[MicroBatch]]]:
         """The update's plan (drmas/workers/minibatch.py): by agent, then prompt length, prompt, response

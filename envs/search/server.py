@@ -223,15 +223,11 @@ def create_app(retriever: Retriever, limits: ServerLimits = ServerLimits()) -> A
                                 status_code=408, headers={"Connection": "close"})
         try:
             queries, topk, return_scores = parse_request(bytes(body), limits)
-        except RequestError as e:
-            return refuse(e, len(body))
-        try:
             content = await run_in_threadpool(answer, queries, topk, return_scores)
         except RequestError as e:
             return refuse(e, len(body))
-        size = len(body) + len(content)
-        release = BackgroundTask(release_memory) if size >= limits.release_after_bytes else None
-        return Response(content, media_type="application/json", background=release)  # released once sent
+        return Response(content, media_type="application/json",
+                        background=release_after(len(body) + len(content)))  # released once sent
 
     def answer(queries: list[str], topk: int, return_scores: bool) -> bytes:
         """The encoded answer, or ``RequestError`` 413 when it would exceed ``max_response_bytes``."""
@@ -249,8 +245,11 @@ def create_app(retriever: Retriever, limits: ServerLimits = ServerLimits()) -> A
         return content
 
     def refuse(error: RequestError, body_bytes: int) -> JSONResponse:
-        release = BackgroundTask(release_memory) if body_bytes >= limits.release_after_bytes else None
-        return JSONResponse({"detail": error.detail}, status_code=error.status, background=release)
+        return JSONResponse({"detail": error.detail}, status_code=error.status, background=release_after(body_bytes))
+
+    def release_after(nbytes: int) -> BackgroundTask | None:
+        """Give freed memory back to the OS once a response that moved ``nbytes`` is sent (large ones only)."""
+        return BackgroundTask(release_memory) if nbytes >= limits.release_after_bytes else None
 
     return app
 
