@@ -25,7 +25,9 @@ from drmas.io import atomic_write_text
 from analysis import figures as figs
 from analysis.cli import parse_dataclass_args
 from analysis.integrity import data_problems_section
-from analysis.mechanism import FACTOR_REGIME, MIN_POINTS, MechanismVerdict, level_table, mechanism_points, mechanism_verdict
+from analysis.class_aware import RULE as CLASS_RULE
+from analysis.class_aware import claim_lemma_classes, class_points
+from analysis.mechanism import FACTOR_REGIME, MIN_POINTS, MechanismVerdict, level_table, mechanism_verdict
 from analysis.runs import GridData, describe_scale, final_evals, load_grid
 from analysis.stats import N_BOOT, kendall_tau, spearman
 from analysis.tables import (ABLATION, ABLATION_ONLY, DATA, PAIRS, PAPER_ABLATION_ORDER, PRICES_YAML, TABLE_OF_TASK,
@@ -98,7 +100,7 @@ class Analysis:
     headline: pd.DataFrame
     scale: dict[str, Any]
     mechanism: pd.DataFrame = field(default_factory=pd.DataFrame)
-    """points of the mechanism sweep (:func:`analysis.mechanism.mechanism_points`); empty without a sweep"""
+    """points of the mechanism sweep (:func:`analysis.class_aware.class_points`); empty without a sweep"""
 
 
 def analyze(data: GridData, seed: int = 0, n_boot: int = N_BOOT, mechanism: GridData | None = None) -> Analysis:
@@ -133,7 +135,7 @@ def analyze(data: GridData, seed: int = 0, n_boot: int = N_BOOT, mechanism: Grid
                     pooled=pooled, ablation=abl, ablation_extra=abl_extra, ablation_seeds=abl_seeds, gradnorm=gn,
                     pairs=gradnorm_pairs(gn), efficiency=eff, efficiency_summary=eff_sum, hetero_delta=hetero_delta,
                     headline=headline_table(acc, paper), scale=describe_scale(data),
-                    mechanism=mechanism_points(mechanism) if mechanism is not None else pd.DataFrame())
+                    mechanism=class_points(mechanism) if mechanism is not None else pd.DataFrame())
 
 
 # ------------------------------------------------------------------------------------------ claims
@@ -337,6 +339,7 @@ CLAIMS = (
         f"reaches {FACTOR_REGIME:g}; else reproduced if the GRPO/Dr. MAS grad-norm ratio rises with the factor "
         "(Spearman rho > 0, p < 0.05), not reproduced otherwise. Without a sweep, the same rule on the main grid's "
         "(setting, seed, agent) pairs")),
+    ClaimSpec("a", judge=claim_lemma_classes, rule=CLASS_RULE),
     ClaimSpec("b", judge=claim_spikes, rule=(
         "needs GPU scale if GRPO runs show no spike and no non-finite norm (nothing to remove); else reproduced if "
         "Dr. MAS has fewer spikes + non-finite norms than GRPO and a lower max grad norm in most agent pairs, "
