@@ -244,7 +244,7 @@ def test_cli_quick_writes_json_tables_and_figures(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert committed and {p: p.stat().st_mtime_ns for p in committed} == committed
     records = json.loads((out / "lemma42.json").read_text())
-    assert {r["study"] for r in records} == {"controlled", "sweep", "tiny_lm"}
+    assert {r["study"] for r in records} == {"controlled", "sweep", "tiny_lm"}  # repetition: its own table
     assert all(set(REQUIRED_KEYS) <= set(r) for r in records)
     assert {r["normalization"] for r in records} == {"global", "agent"}
     # Acceptance numbers: controlled independent within 5 %, agent-wise m2 within 10 % of E||z||^2.
@@ -257,6 +257,8 @@ def test_cli_quick_writes_json_tables_and_figures(tmp_path):
     assert (out / "summary.md").read_text().startswith("# Lemma 4.2")
     for name in ("theory_measured_vs_predicted", "theory_inflation", "theory_delta"):
         assert (figs / f"{name}.png").stat().st_size > 0 and (figs / f"{name}.pdf").stat().st_size > 0
+    rep = pd.read_csv(out / "repetition.csv")
+    assert len(rep) == 3 * 3 * 2 and (figs / "theory_repetition.png").stat().st_size > 0
     assert "in-sample identity" in proc.stdout
     assert not list(out.glob(".*.tmp")) and not list(figs.glob(".*.tmp"))  # atomic writes leave no temp file
 
@@ -295,3 +297,44 @@ def test_notebook_executes_headless_in_quick_mode():
     assert f"prefix: {sys.prefix} " in text and "quick: True" in text  # the kernel ran in this environment
     assert "in-sample identity" in text
     assert sum("image/png" in o.get("data", {}) for o in outputs) >= 3  # the three figures
+
+
+def _repetition(n_actions: int, wrong_key: bool = False) -> pd.DataFrame:
+    from dataclasses import replace
+
+    from analysis.theory.repetition import RepetitionConfig, class_codes, repetition_rows
+    from analysis.theory.softmax import _independent_and_correlated
+
+    cfg = RepetitionConfig(n_actions=(n_actions,), n_groups=200)
+    system = replace(_independent_and_correlated()[0], n_actions=n_actions)
+    rng = np.random.default_rng([0, 4, n_actions])
+    sample = sample_groups(system, make_policies(system, rng), cfg.n_groups, rng)
+    classes = class_codes(sample, 3, n_actions)
+    if wrong_key:  # one class per (agent, action) over all task groups: classes of different groups merged
+        prediction = np.unique(sample.table.agent.numpy() * n_actions + sample.action.numpy(), return_inverse=True)[1]
+        return repetition_rows(system, sample, prediction, cfg, torch.Generator().manual_seed(1), true_classes=classes)
+    return repetition_rows(system, sample, classes, cfg, torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("n_actions", [64, 4])
+def test_class_aware_second_moment_matches_repeated_samples_and_the_lemma_misses(n_actions):
+    """Class gradients drawn per (task group, agent, action): Σ_c S_c² ||z_c||² predicts E||g_k||² within the
+    controlled checks' 5 % for every agent and both normalizations; the independent-sample Lemma misses by more
+    (the global baseline's repeated advantages add up)."""
+    from analysis.theory.repetition import TOLERANCE
+
+    rows = _repetition(n_actions)
+    assert rows["rel_error_class_measured"].max() < TOLERANCE
+    assert rows["rel_error_lemma"].max() > 2 * TOLERANCE
+    glob = rows[rows["estimator"] == "pooled_grpo"].set_index("agent")
+    assert (glob["measured"] > 1.5 * glob["lemma"]).any()  # repetition inflates the global-baseline gradient
+    np.testing.assert_allclose(glob["ratio_class_measured"], glob["ratio_measured"], rtol=2 * TOLERANCE)
+
+
+def test_class_aware_prediction_fails_when_the_classes_are_wrong():
+    """The same check with classes keyed by (agent, action) only, merging samples of different task groups whose
+    gradients are independent: the prediction misses the measurement by more than the tolerance."""
+    from analysis.theory.repetition import TOLERANCE
+
+    rows = _repetition(4, wrong_key=True)
+    assert rows["rel_error_class_measured"].max() > 4 * TOLERANCE

@@ -63,9 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         matplotlib.use("Agg")  # files only, no display
     t0 = time.perf_counter()
     cfg = theory_config(args.quick, args.seed, tuple(s for s in args.studies.split(",") if s))
-    records, fits = run_studies(cfg)
+    records, fits, repetition = run_studies(cfg)
     title = f"Lemma 4.2 / Prop. 4.3 checks ({'quick' if args.quick else 'full'} run, seed {args.seed})"
-    paths = write_all(records, fits, args.out_dir, None if args.no_figures else args.figures_dir, title)
+    paths = write_all(records, fits, args.out_dir, None if args.no_figures else args.figures_dir, title, repetition)
     print(title)
     print(summary_text(records, fits))
     print(f"wrote {len(paths)} files ({', '.join(str(p) for p in paths[:3])}, ...) in {time.perf_counter() - t0:.1f} s")
