@@ -19,6 +19,13 @@ and, with ``--grad-samples N``, the mean per-sample gradient norm ||∇ Σ_t log
 Answer-agent steps in successful and in failed trajectories. Lemma 4.2 takes that gradient z to be
 independent of the outcome; if successes have smaller per-sample gradients (confident responses), the
 factor inflates E_k[A²] but not the gradient norm. docs/mechanism.md quotes this probe's numbers.
+
+``class_aware`` (per agent): the share of distinct (prompt, response) pairs per group (``pairs_distinct``:
+identical pairs share one gradient z_c; ``distinct_responses`` compares the response texts alone) and, for each
+global baseline b, the ratio over Dr. MAS of Σ_c S_c² (``equal/b``: equal ‖z_c‖, the trainer's
+``class_factor_{b}``) summed over the probed batches; with ``--grad-samples N`` also, over the first N task groups
+of each agent, of Σ_c S_c² ‖z_c‖² (``measured/b``: one backward pass per class) and of ‖Σ_c S_c z_c‖² (``exact/b``:
+the squared gradient norm itself on those groups, no assumption on the z_c). docs/theory.md, "Repeated responses".
 """
 from __future__ import annotations
 
@@ -34,7 +41,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from drmas.algos import lemma_factors
+from drmas.algos import class_factors, class_sums, compute_advantages, lemma_factors, step_classes
 from drmas.config import load_config
 from drmas.io import atomic_write_json
 from drmas.models.logprobs import batch_logprobs, make_batch
@@ -55,17 +62,52 @@ def _holds_answer(text: str, answers) -> bool:
     return any(a.lower() in low for a in answers)
 
 
-def _sample_grad_norm(worker, prompt_ids, response_ids, temperature: float) -> float:
-    """||∇_θ Σ_t log π_θ(y_t | prefix)|| of one (prompt, response) pair on the worker's model."""
+def _sample_grad(worker, prompt_ids, response_ids, temperature: float) -> torch.Tensor:
+    """z = ∇_θ Σ_t log π_θ(y_t | prefix) of one (prompt, response) pair on the worker's model, flat, float64
+    (drmas.algos.grad_norm sums in float32: the probe's 4-decimal means would move)."""
     model = worker.model
     model.zero_grad(set_to_none=True)
     packed = make_batch([prompt_ids], [response_ids], worker.pad_id, device=worker.device)
     logp, _ = batch_logprobs(model, packed, temperature=temperature)
     logp.sum().backward()
-    # summed in float64 (drmas.algos.grad_norm sums in float32: the probe's 4-decimal means would move)
-    sq = sum(float(p.grad.double().pow(2).sum()) for p in model.parameters() if p.grad is not None)
+    z = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().double().flatten()
+                   for p in model.parameters()])
     model.zero_grad(set_to_none=True)
-    return sq ** 0.5
+    return z
+
+
+def _sample_grad_norm(worker, prompt_ids, response_ids, temperature: float) -> float:
+    """||z|| of one (prompt, response) pair (:func:`_sample_grad`)."""
+    return float(_sample_grad(worker, prompt_ids, response_ids, temperature).pow(2).sum()) ** 0.5
+
+
+ESTIMATORS_PROBED = ("drmas", *GLOBAL_BASELINES)
+
+
+def class_gradient_sums(table, classes: np.ndarray, rows: np.ndarray, grad_of) -> dict[str, tuple[float, float]]:
+    """For the steps ``rows`` (one agent's steps of some task groups) and each estimator e of
+    :data:`ESTIMATORS_PROBED`: (Σ_c S_c(e)² ‖z_c‖², ‖Σ_c S_c(e) z_c‖²), the class-aware second moment with
+    measured class-gradient norms and the exact squared norm of the gradient Σ_i A_i z_i (z_i = z_c), with
+    one backward pass per class (``grad_of(row)`` gives z of a row). A is the estimator's advantage at
+    population std and no ε, as in ``drmas.algos.class_factors``."""
+    sums = {}
+    for est in ESTIMATORS_PROBED:
+        a = compute_advantages(table.score, table.task, table.agent, table.traj, estimator=est, ddof=0, eps=0.0,
+                               singleton="zero").advantages.double().numpy()
+        sums[est] = class_sums(a, classes)
+    mine = np.unique(classes[rows])
+    first_row = {c: r for r, c in zip(rows[::-1], classes[rows][::-1])}  # one row per class
+    acc = {est: None for est in ESTIMATORS_PROBED}
+    diag = dict.fromkeys(ESTIMATORS_PROBED, 0.0)
+    for c in mine:
+        if all(sums[est][c] == 0 for est in ESTIMATORS_PROBED):
+            continue  # no weight under any estimator: its gradient is not needed
+        z = grad_of(first_row[c])
+        sq = float(z.pow(2).sum())
+        for est in ESTIMATORS_PROBED:
+            diag[est] += float(sums[est][c]) ** 2 * sq
+            acc[est] = z * float(sums[est][c]) if acc[est] is None else acc[est].add_(z, alpha=float(sums[est][c]))
+    return {est: (diag[est], float(acc[est].pow(2).sum()) if acc[est] is not None else 0.0) for est in ESTIMATORS_PROBED}
 
 
 def probe(config: str, overrides: list[str], steps: int, grad_samples: int, scratch: str) -> dict:
@@ -80,6 +122,8 @@ def probe(config: str, overrides: list[str], steps: int, grad_samples: int, scra
         return env
 
     classes, factors, verdicts, distinct = [], defaultdict(list), defaultdict(lambda: [0, 0]), defaultdict(list)
+    class_moments: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    groups_done: dict[str, int] = defaultdict(int)
     answer_rows: dict[str, list] = {"success": [], "failure": []}
     t0 = time.perf_counter()
     for step in range(steps):
@@ -96,6 +140,27 @@ def probe(config: str, overrides: list[str], steps: int, grad_samples: int, scra
         share = steps_of.groupby(["task", "agent"])["text"].agg(lambda t: t.nunique() / len(t))
         for (_, agent), value in share.items():
             distinct[agent].append(value)
+        # classes of identical (prompt, response) pairs: the class-aware factor (equal ||z_c||) of the batch, and with
+        # --grad-samples the measured-||z_c||^2 variant and the exact gradient norms on up to N task groups per agent
+        pair_class = step_classes(table.task, table.agent, table.prompt_ids, table.response_ids)
+        per_agent = class_factors(table.score, table.task, table.agent, table.traj, pair_class, GLOBAL_BASELINES)
+        for agent, row in per_agent.iterrows():
+            class_moments[agent]["pairs_distinct"].append(row["distinct"])  # mean over the batch's groups
+            for est in ESTIMATORS_PROBED:
+                class_moments[agent][f"equal/{est}"].append(row[f"m2_{est}"])
+        for agent in dict.fromkeys(table.agent) if grad_samples else ():
+            tasks = [t for t in dict.fromkeys(table.task[table.agent == agent])][:grad_samples - groups_done[agent]]
+            if not tasks:
+                continue
+            groups_done[agent] += len(tasks)
+            rows = np.flatnonzero((table.agent == agent) & np.isin(table.task, tasks))
+            temperature = trainer.slots[agent].sampling.temperature
+            workers = trainer.backend.generators()
+            got = class_gradient_sums(table, pair_class, rows, lambda r: _sample_grad(
+                workers[table.wg[r]], table.prompt_ids[r], table.response_ids[r], temperature))
+            for est, (diag, exact) in got.items():
+                class_moments[agent][f"measured/{est}"].append(diag)
+                class_moments[agent][f"exact/{est}"].append(exact)
         n = len(ro.traj_reward)
         answered = np.zeros(n, bool)
         answered[table.traj[table.agent == "answer"]] = True
@@ -127,7 +192,8 @@ def probe(config: str, overrides: list[str], steps: int, grad_samples: int, scra
                                     "groups": len(v)} for (b, a), v in sorted(factors.items())},
            "verifier_p_yes": {k: {"p": round(y / max(m, 1), 3), "calls": m} for k, (y, m) in sorted(verdicts.items())},
            "distinct_responses": {a: {"mean": round(float(np.mean(v)), 3), "groups": len(v)}
-                                  for a, v in sorted(distinct.items())}}
+                                  for a, v in sorted(distinct.items())},
+           "class_aware": {a: _class_summary(m) for a, m in sorted(class_moments.items())}}
     if grad_samples:
         temperature = trainer.slots["answer"].sampling.temperature
         workers = trainer.backend.generators()
@@ -142,13 +208,28 @@ def probe(config: str, overrides: list[str], steps: int, grad_samples: int, scra
     return out
 
 
+def _class_summary(m: dict[str, list]) -> dict:
+    """One agent's class-aware numbers over the probed batches: the share of distinct (prompt, response) pairs per
+    group, and for each global baseline b the ratio over Dr. MAS of the summed second moments: ``equal`` (Σ S_c²,
+    the trainer's class_factor_{b}), ``measured`` (Σ S_c² ‖z_c‖²) and ``exact`` (‖Σ S_c z_c‖², no assumption)."""
+    out: dict = {"pairs_distinct": round(float(np.mean(m["pairs_distinct"])), 3)}
+    for variant in ("equal", "measured", "exact"):
+        ref = float(np.sum(m.get(f"{variant}/drmas", [])))
+        for b in GLOBAL_BASELINES:
+            num = float(np.sum(m.get(f"{variant}/{b}", [])))
+            if f"{variant}/{b}" in m:
+                out[f"{variant}/{b}"] = round(num / ref, 4) if ref > 0 else None
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("config")
     p.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides, as for `drmas train`")
     p.add_argument("--steps", type=int, default=4, help="training batches to roll out (default 4)")
     p.add_argument("--grad-samples", type=int, default=0,
-                   help="per-sample gradient norms of up to N Answer-agent steps per outcome (default 0: off)")
+                   help="per-sample gradient norms of up to N Answer-agent steps per outcome, and per-class gradients "
+                        "of each agent's first N task groups (default 0: off)")
     p.add_argument("--out", type=Path, help="also write the result as JSON here")
     args = p.parse_args(argv)
     if args.steps < 1 or args.grad_samples < 0:

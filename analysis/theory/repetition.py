@@ -220,19 +220,12 @@ def write_repetition(frame: pd.DataFrame, out_dir, fig_dir) -> list:
     ``fig_dir`` (None: no figure)."""
     from pathlib import Path
 
-    from drmas.io import atomic_output, atomic_write_text
+    from analysis.theory.report import save_figure
+    from drmas.io import atomic_write_text
 
     paths = [Path(out_dir) / "repetition.csv", Path(out_dir) / "repetition.md"]
     atomic_write_text(paths[0], frame.to_csv(index=False))
     atomic_write_text(paths[1], repetition_markdown(frame))
     if fig_dir is not None and len(frame):
-        import matplotlib.pyplot as plt
-
-        fig = plot_repetition(frame)
-        for ext in ("png", "pdf"):
-            path = Path(fig_dir) / f"theory_repetition.{ext}"
-            with atomic_output(path) as tmp:
-                fig.savefig(str(tmp), format=ext, dpi=150)
-            paths.append(path)
-        plt.close(fig)
+        paths += save_figure(plot_repetition(frame), fig_dir, "theory_repetition")
     return paths

@@ -192,20 +192,24 @@ def plot_delta(records: Sequence[Record]):
 
 def save_figures(records: Sequence[Record], fits: Sequence[SweepFit], fig_dir: Path) -> list[Path]:
     """The three figures as PNG and PDF under ``fig_dir`` (names in :data:`FIGURES`)."""
-    import matplotlib.pyplot as plt
-
     figs = {"theory_measured_vs_predicted": plot_measured_vs_predicted(records),
             "theory_delta": plot_delta(records)}
     if fits:
         figs["theory_inflation"] = plot_inflation(records, fits)
+    return [path for name, fig in figs.items() for path in save_figure(fig, fig_dir, name)]
+
+
+def save_figure(fig, fig_dir: Path, name: str) -> list[Path]:
+    """``fig`` as ``fig_dir/name.png`` and ``.pdf`` (atomic writes), then closed."""
+    import matplotlib.pyplot as plt
+
     paths = []
-    for name, fig in figs.items():
-        for ext in ("png", "pdf"):
-            path = Path(fig_dir) / f"{name}.{ext}"
-            with atomic_output(path) as tmp:
-                fig.savefig(str(tmp), format=ext, dpi=150)
-            paths.append(path)
-        plt.close(fig)
+    for ext in ("png", "pdf"):
+        path = Path(fig_dir) / f"{name}.{ext}"
+        with atomic_output(path) as tmp:
+            fig.savefig(str(tmp), format=ext, dpi=150)
+        paths.append(path)
+    plt.close(fig)
     return paths
 
 
