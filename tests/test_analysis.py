@@ -296,7 +296,7 @@ def test_report_end_to_end(grid, tmp_path):
     claims = pd.read_csv(out / "tables" / "claims.csv").set_index("key")
     verdicts = claims.groupby(level=0)["verdict"].apply(list).to_dict()
     # synthetic GRPO: spikes and grad norms growing with the factor; Dr. MAS clearly better; ordering as in the paper
-    assert verdicts["a"] == ["reproduced"]
+    assert verdicts["a"] == ["reproduced", "not run"]  # the paper's rule; the class-aware rule needs the sweep
     assert verdicts["b"] == ["reproduced"]
     assert verdicts["c"] == ["reproduced", "reproduced"]
     assert verdicts["d"] == ["reproduced"]
@@ -329,9 +329,12 @@ def test_report_missing_runs_say_not_run(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ mechanism sweep
-def make_mechanism_grid(root: Path, factors: dict[float, float], seeds=(0, 1, 2)) -> Path:
+def make_mechanism_grid(root: Path, factors: dict[float, float], seeds=(0, 1, 2),
+                        search_class: dict[float, float] | None = None) -> Path:
     """Synthetic sweep: per miss level, the Answer agent's factor under a global baseline is ``factors[level]`` and
-    its grad norm scales with √factor (the Lemma's prediction); the Search agent's factor is 1 throughout."""
+    its grad norm scales with √factor (the Lemma's prediction); the Search agent's factor is 1 throughout. With
+    ``search_class``, the runs log the class-aware metrics: the Answer agent's class factor is its factor, the
+    Search agent's is ``search_class[level]`` and its grad norm scales with √(class factor) instead."""
     entries = []
     for level, f in factors.items():
         for est in ("trajectory_grpo", "pooled_grpo", "drmas"):
@@ -344,9 +347,15 @@ def make_mechanism_grid(root: Path, factors: dict[float, float], seeds=(0, 1, 2)
                     m = {"step": step, "reward/mean": 0.5}
                     for agent, fac in (("answer", f), ("search", 1.0)):
                         own = 1.0 if est == "drmas" else fac * (1 + 0.05 * rng.standard_normal())
+                        cls = fac if agent == "answer" or search_class is None else search_class[level]
+                        cls *= 1 + 0.05 * rng.standard_normal()
+                        norm = math.sqrt(own if search_class is None or agent == "answer" or est == "drmas" else cls)
                         m.update({f"agent/{agent}/lemma_factor": own, f"agent/{agent}/lemma_factor_max": 2 * own,
-                                  f"agent/{agent}/grad_norm": math.sqrt(own) * (1 + 0.02 * rng.standard_normal()),
+                                  f"agent/{agent}/grad_norm": norm * (1 + 0.02 * rng.standard_normal()),
                                   f"agent/{agent}/adv_m2": own})
+                        if search_class is not None:
+                            m.update({f"agent/{agent}/class_factor_{b}": cls for b in ("trajectory_grpo", "pooled_grpo")})
+                            m[f"agent/{agent}/distinct_share"] = 0.1
                     lines.append(json.dumps(m))
                 (root / run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
                 (root / run / "DONE").write_text("")
@@ -390,8 +399,31 @@ def test_report_decides_claim_a_on_the_sweep(grid, tmp_path):
     out, figs = tmp_path / "out", tmp_path / "figs"
     text = make_report(grid, out, figs, n_boot=100, mechanism=mech).read_text()
     claims = pd.read_csv(out / "tables" / "claims.csv").set_index("key")
-    assert claims.loc["a", "verdict"] == "reproduced" and "sweep over miss rate" in claims.loc["a", "ours"]
-    assert "Pooled step-level GRPO" in claims.loc["a", "ours"]
-    assert "main grid: math: largest mean factor under GRPO" in claims.loc["a", "ours"]
+    paper_rule, class_rule = claims.loc["a"].iloc[0], claims.loc["a"].iloc[1]
+    assert paper_rule["verdict"] == "reproduced" and "sweep over miss rate" in paper_rule["ours"]
+    assert "Pooled step-level GRPO" in paper_rule["ours"]
+    assert "main grid: math: largest mean factor under GRPO" in paper_rule["ours"]
+    assert class_rule["verdict"] == "not run" and "class-aware" in class_rule["rule"]  # no class metrics logged
     assert "--mechanism" in text and (figs / "mechanism.png").stat().st_size > 0
     assert (out / "tables" / "mechanism.md").stat().st_size > 0
+
+
+def test_class_aware_rule_predicts_where_the_paper_factor_does_not(tmp_path):
+    """The Search agent's grad ratio follows √(class factor) while its Lemma factor stays 1: the class-aware
+    prediction passes the rule (rank and scale), the paper's √F fails it on the same points."""
+    from analysis.class_aware import class_points, class_verdict
+
+    levels = {0.0: 1.0, 0.5: 1.5, 0.75: 2.5, 0.9: 4.0}
+    grid = make_mechanism_grid(tmp_path / "m", levels, search_class={0.0: 9.0, 0.5: 0.3, 0.75: 3.0, 0.9: 20.0})
+    pts = class_points(load_grid(grid))
+    assert pts["class_factor"].notna().all() and (pts["distinct"] == 0.1).all()
+    cls, paper = class_verdict(pts)
+    assert cls.verdict == "reproduced" and cls.n_points == 24 and cls.median_ratio == pytest.approx(1.0, abs=0.05)
+    assert cls.rho > 0.9 and cls.p < 1e-6
+    assert paper.verdict == "not reproduced" and paper.rho < cls.rho
+    # a prediction off in scale fails the rule even when its ranks are right
+    off = pts.assign(pred_class=pts["pred_class"] * 3)
+    from analysis.class_aware import judge_prediction
+
+    j = judge_prediction(off[off["baseline"] == "trajectory_grpo"], "pred_class", "class_factor", "class_factor_step0", "x")
+    assert j.verdict == "not reproduced" and "scale off" in j.reason
