@@ -311,6 +311,38 @@ def fig_mechanism(points: pd.DataFrame) -> Figure | None:
     return fig
 
 
+def fig_class_aware(points: pd.DataFrame) -> Figure | None:
+    """Measured grad-norm ratio trajectory GRPO / Dr. MAS against its two predictions, per (level, seed, agent)
+    of the mechanism sweep: the paper's √F (left) and the class-aware √(class factor) (right); one marker per
+    agent, one colour per level (see analysis/class_aware.py). None without the class-aware metrics."""
+    p = points[points["baseline"] == "trajectory_grpo"] if len(points) else points
+    if p.empty or "pred_class" not in p or not np.isfinite(p["pred_class"].astype(float)).any():
+        return None
+    fig = _figure(10, 4.2)
+    axes = fig.subplots(1, 2, sharey=True)
+    levels = sorted(p["level"].unique())
+    agents = sorted(p["agent"].unique())
+    for (level, agent), g in p.groupby(["level", "agent"]):
+        color, marker = f"C{levels.index(level)}", AGENT_MARKERS[agents.index(agent) % len(AGENT_MARKERS)]
+        for ax, col in zip(axes, ("pred_paper", "pred_class")):
+            ax.scatter(g[col], g["ratio"], marker=marker, color=color, s=28, zorder=3)
+    finite = np.concatenate([p[c].astype(float).to_numpy() for c in ("pred_paper", "pred_class", "ratio")])
+    finite = finite[np.isfinite(finite) & (finite > 0)]
+    lo, hi = finite.min() / 1.5, finite.max() * 1.5
+    for ax, label in zip(axes, ("paper: √F (Lemma 4.2 factor)", "class-aware: √(class factor)")):
+        ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="measured = predicted")
+        ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel=f"predicted ratio, {label}")
+    axes[0].set_ylabel("measured grad-norm ratio trajectory GRPO / Dr. MAS")
+    handles = [axes[0].scatter([], [], color=f"C{i}", marker="o", s=28, label=f"miss rate {lv:g}") for i, lv in enumerate(levels)]
+    handles += [axes[0].scatter([], [], color="0.3", marker=AGENT_MARKERS[i % len(AGENT_MARKERS)], s=28, label=a)
+                for i, a in enumerate(agents)]
+    axes[0].legend(handles=handles, fontsize=7, loc="upper left")
+    axes[1].legend(fontsize=7, loc="upper left")
+    fig.suptitle("Mechanism sweep (search): measured ratio against both predictions (mean over steps)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def write_figures(data: GridData, out_dir: Path, eff: pd.DataFrame | None = None, eff_summary: pd.DataFrame | None = None,
                   ablation_seeds: Sequence[int] | None = None) -> list[Path]:
     """Every figure the runs allow; returns the written paths."""

@@ -485,6 +485,7 @@ def make_report(runs: Path, out: Path = Path("results"), figures_dir: Path = Pat
         seeds = next(iter(an.ablation_seeds.values()), None)
         fig_paths = figs.write_figures(data, figures_dir, an.efficiency, an.efficiency_summary, seeds)
         fig_paths += figs.save(figs.fig_mechanism(an.mechanism), figures_dir, "mechanism")
+        fig_paths += figs.save(figs.fig_class_aware(an.mechanism), figures_dir, "mechanism_class_aware")
     claims = build_claims(an)
     pd.DataFrame([{"key": c.key, "claim": c.claim, "paper": c.paper, "ours": c.ours, "verdict": c.verdict,
                    "rule": c.rule} for c in claims]).to_csv(tables_dir / "claims.csv", index=False)

@@ -421,6 +421,9 @@ def test_class_aware_rule_predicts_where_the_paper_factor_does_not(tmp_path):
     assert cls.verdict == "reproduced" and cls.n_points == 24 and cls.median_ratio == pytest.approx(1.0, abs=0.05)
     assert cls.rho > 0.9 and cls.p < 1e-6
     assert paper.verdict == "not reproduced" and paper.rho < cls.rho
+    from analysis.figures import fig_class_aware
+
+    assert fig_class_aware(pts) is not None and fig_class_aware(pts.assign(pred_class=np.nan)) is None
     # a prediction off in scale fails the rule even when its ranks are right
     off = pts.assign(pred_class=pts["pred_class"] * 3)
     from analysis.class_aware import judge_prediction
