@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from drmas.config import load_config
 from drmas.step_table import StepTable
@@ -207,6 +208,35 @@ def test_probe_runs_on_the_shipped_search_base(tmp_path):
     assert all(v["mean"] is None or v["mean"] > 0 for v in result["answer_grad_norm"].values())
     assert set(result["distinct_responses"]) <= {"verifier", "search", "answer"}
     assert all(0 < v["mean"] <= 1 and v["groups"] >= 1 for v in result["distinct_responses"].values())
+    for agent, v in result["class_aware"].items():
+        assert 0 < v["pairs_distinct"] <= 1
+        assert {"equal/trajectory_grpo", "measured/pooled_grpo", "exact/trajectory_grpo"} <= set(v), agent
+
+
+def test_probe_class_gradient_sums_are_the_gradient_of_the_classes():
+    """With one fixed vector per (prompt, response) class, ``exact`` is ||Σ_i A_i z_i||² over the rows and
+    ``measured`` is Σ_c S_c² ||z_c||²; the two agree when the class vectors are orthogonal."""
+    from drmas.algos import compute_advantages, step_classes
+    from experiments.probe_search import ESTIMATORS_PROBED, class_gradient_sums
+
+    rng = np.random.default_rng(0)
+    n = 40
+    task = np.repeat(np.arange(4), 10)
+    table = StepTable(task=task, traj=task * 10 + rng.integers(0, 5, n), agent=np.array(["s"] * n, object),
+                      score=rng.choice([0.0, 1.0], n), prompt_ids=[[1]] * n,
+                      response_ids=[[int(r)] for r in rng.integers(0, 3, n)])
+    classes = step_classes(table.task, table.agent, table.prompt_ids, table.response_ids)
+    for basis in (rng.standard_normal((classes.max() + 1, 7)), np.eye(classes.max() + 1) * 2.0):
+        vec = torch.as_tensor(basis[classes])
+        rows = np.flatnonzero(table.task < 3)
+        got = class_gradient_sums(table, classes, rows, lambda r: vec[r].clone())
+        for est in ESTIMATORS_PROBED:
+            a = compute_advantages(table.score, table.task, table.agent, table.traj, estimator=est, ddof=0, eps=0.0,
+                                   singleton="zero").advantages.double()
+            want = float((a[rows, None] * vec[rows]).sum(0).pow(2).sum())
+            assert got[est][1] == pytest.approx(want, rel=1e-9, abs=1e-12)
+            if basis.shape[0] == basis.shape[1]:  # orthogonal class vectors: measured = exact
+                assert got[est][0] == pytest.approx(want, rel=1e-9, abs=1e-12)
 
 
 def test_a_thinking_verifier_states_the_need_then_the_fact_or_its_absence(kb, retriever):
