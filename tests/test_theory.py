@@ -303,10 +303,10 @@ def _repetition(n_actions: int, wrong_key: bool = False) -> pd.DataFrame:
     from dataclasses import replace
 
     from analysis.theory.repetition import RepetitionConfig, class_codes, repetition_rows
-    from analysis.theory.softmax import _independent_and_correlated
+    from analysis.theory.softmax import ControlledConfig
 
     cfg = RepetitionConfig(n_actions=(n_actions,), n_groups=200)
-    system = replace(_independent_and_correlated()[0], n_actions=n_actions)
+    system = replace(ControlledConfig().systems[0], n_actions=n_actions)
     rng = np.random.default_rng([0, 4, n_actions])
     sample = sample_groups(system, make_policies(system, rng), cfg.n_groups, rng)
     classes = class_codes(sample, 3, n_actions)

@@ -30,8 +30,8 @@ import pandas as pd
 import torch
 
 from analysis.theory.lemma import lemma_terms
-from analysis.theory.softmax import ESTIMATORS, SoftmaxSample, SoftmaxSystem, _independent_and_correlated, \
-    make_policies, sample_groups
+from analysis.theory.softmax import ESTIMATORS, ControlledConfig, SoftmaxSample, SoftmaxSystem, make_policies, \
+    sample_groups
 from drmas.algos import class_factors, class_sums
 
 log = logging.getLogger(__name__)
@@ -60,10 +60,6 @@ def class_codes(sample: SoftmaxSample, n_agents: int, n_actions: int) -> np.ndar
     return np.unique(key, return_inverse=True)[1]
 
 
-def _adv(sample: SoftmaxSample, estimator: str) -> np.ndarray:
-    return lemma_terms(sample.table, estimator).advantages.double().numpy()
-
-
 def _class_columns(sample: SoftmaxSample, classes: np.ndarray, n_agents: int):
     """Per class: its (task group × agent) cell and its score norm s_c² (one action per class)."""
     t = sample.table
@@ -79,7 +75,7 @@ def group_moments(sample: SoftmaxSample, classes: np.ndarray, n_agents: int, dim
     """Per estimator, [n_groups, n_agents] arrays: ``measured`` ‖Σ_c S_c s_c u_c‖² with explicit random
     directions u_c ~ N(0, I/D) (shared by the estimators: a paired comparison; drawn ``chunk_groups`` task
     groups at a time), and the predictions ``class_measured`` Σ_c S_c² s_c², ``class_sq`` Σ_c S_c² (times the
-    mean s² for ``class_equal``) and ``lemma`` Σ_i A_i² s_i² (module docstring)."""
+    mean s² for ``class_equal``) and ``lemma`` Σ_i A_i² s_i² (module docstring). ``dim = 0``: predictions only."""
     t = sample.table
     n_groups = int(t.task.max()) + 1
     size = n_groups * n_agents
@@ -95,7 +91,7 @@ def group_moments(sample: SoftmaxSample, classes: np.ndarray, n_agents: int, dim
                     "lemma": np.bincount(step_cell, weights=a * a * step_s2, minlength=size),
                     "measured": np.zeros(size), "sums": s}
     class_group = cell // n_agents
-    for start in range(0, n_groups, chunk_groups):
+    for start in range(0, n_groups if dim else 0, chunk_groups):
         mine = np.flatnonzero((class_group >= start) & (class_group < start + chunk_groups))
         z = torch.randn(len(mine), dim, generator=gen, dtype=torch.float64) / dim ** 0.5
         z *= torch.as_tensor(np.sqrt(s2[mine]))[:, None]
@@ -125,7 +121,7 @@ def repetition_rows(system: SoftmaxSystem, sample: SoftmaxSample, classes: np.nd
     k_all = len(system.agents)
     true_classes = classes if true_classes is None else true_classes
     measured = group_moments(sample, true_classes, k_all, cfg.dim, cfg.chunk_groups, gen)
-    predicted = group_moments(sample, classes, k_all, 1, cfg.chunk_groups, torch.Generator().manual_seed(0))
+    predicted = group_moments(sample, classes, k_all, 0, cfg.chunk_groups, gen)
     t = sample.table
     mean_s2 = (np.bincount(t.agent.numpy(), weights=t.sq_norm.double().numpy(), minlength=k_all)
                / np.bincount(t.agent.numpy(), minlength=k_all))
@@ -158,7 +154,7 @@ def repetition_rows(system: SoftmaxSystem, sample: SoftmaxSample, classes: np.nd
 
 def run_repetition(cfg: RepetitionConfig) -> pd.DataFrame:
     """The study's table: one row per (V, estimator, agent)."""
-    base = _independent_and_correlated()[0]
+    base = ControlledConfig().systems[0]  # the controlled study's "independent" system
     frames = []
     for i, v in enumerate(cfg.n_actions):
         system = replace(base, name=f"V={v}", n_actions=v)
