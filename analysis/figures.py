@@ -336,8 +336,8 @@ def fig_class_aware(points: pd.DataFrame) -> Figure | None:
     handles = [axes[0].scatter([], [], color=f"C{i}", marker="o", s=28, label=f"miss rate {lv:g}") for i, lv in enumerate(levels)]
     handles += [axes[0].scatter([], [], color="0.3", marker=AGENT_MARKERS[i % len(AGENT_MARKERS)], s=28, label=a)
                 for i, a in enumerate(agents)]
-    axes[0].legend(handles=handles, fontsize=7, loc="upper left")
-    axes[1].legend(fontsize=7, loc="upper left")
+    axes[0].legend(handles=handles, fontsize=7, loc="lower right")
+    axes[1].legend(fontsize=7, loc="lower right")
     fig.suptitle("Mechanism sweep (search): measured ratio against both predictions (mean over steps)", fontsize=10)
     fig.tight_layout()
     return fig
