@@ -15,13 +15,13 @@ from contextlib import nullcontext
 
 from drmas.checkpoints import CheckpointDamaged, CheckpointMismatch
 from drmas.config import ConfigError, load_config
-from drmas.io import JsonlDamaged
+from drmas.io import JsonlDamaged, WriteFailed
 from drmas.locks import FolderLocked, folder_lock
 from drmas.preflight import check_before_work
 from drmas.shutdown import children_end_with_me
 
 EXIT_CODES: dict[type[Exception], int] = {ConfigError: 2, FolderLocked: 1, CheckpointDamaged: 1, CheckpointMismatch: 1,
-                                          JsonlDamaged: 1}
+                                          JsonlDamaged: 1, WriteFailed: 1}
 """Errors reported as one ``drmas: message`` line (no traceback), with their exit codes."""
 
 

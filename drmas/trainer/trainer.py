@@ -26,7 +26,7 @@ from drmas.agents import make_agent
 from drmas.algos import SpikeDetector, compute_advantages
 from drmas.checkpoints import MANIFEST_NAME, CheckpointDamaged, read_manifest, verify_checkpoint, write_manifest
 from drmas.config import RunConfig, dump_config
-from drmas.io import atomic_write_json, atomic_write_text
+from drmas.io import WriteFailed, atomic_write_json, atomic_write_text
 from drmas.locks import folder_lock
 from drmas.devices import describe, resolve_device
 from drmas.orchestra import make_orchestra
@@ -223,13 +223,19 @@ class Trainer:
         ``train.keep_previous_checkpoint``."""
         tmp = self.ckpt_dir.with_name("latest.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        for key, state in self.backend.get_states().items():
-            torch.save(state, tmp / f"worker_{key}.pt")
         trainer_state = {"step": step, "consecutive_nonfinite": self.consecutive_nonfinite,
                          "spikes": {k: (list(d.history), d.count) for k, d in self.spikes.items()}}
-        (tmp / "trainer.json").write_text(json.dumps(trainer_state))
-        write_manifest(tmp, step=step)  # last: a folder with a manifest is complete
+        try:
+            tmp.mkdir(parents=True)
+            for key, state in self.backend.get_states().items():
+                torch.save(state, tmp / f"worker_{key}.pt")
+            atomic_write_text(tmp / "trainer.json", json.dumps(trainer_state))
+            write_manifest(tmp, step=step)  # last: a folder with a manifest is complete
+        except (OSError, RuntimeError) as exc:  # a full disk: torch.save raises RuntimeError ("file write failed")
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise WriteFailed(f"{tmp}: the checkpoint of step {step} could not be written ({_write_cause(exc, tmp)}); "
+                              f"{self._kept_checkpoint()}; free space and run the same command again to resume",
+                              getattr(exc, "errno", None)) from exc
         old = self.ckpt_dir.with_name("latest.old")
         shutil.rmtree(old, ignore_errors=True)
         if self.ckpt_dir.exists():
@@ -238,6 +244,13 @@ class Trainer:
         if not self.cfg.train.keep_previous_checkpoint:
             shutil.rmtree(old, ignore_errors=True)
         logger.info("checkpoint at step %d -> %s", step, self.ckpt_dir)
+
+    def _kept_checkpoint(self) -> str:
+        """What a failed checkpoint write left: the previous checkpoint and the records, as they were."""
+        manifest = read_manifest(self.ckpt_dir)
+        where = (f"the previous checkpoint {self.ckpt_dir} (step {manifest.get('step')}) is intact" if manifest
+                 else "there is no previous checkpoint")
+        return f"{where}, and every complete record in {self.run_dir} is kept"
 
     def _checkpoint_step(self) -> int:
         """Step of the checkpoint the run resumes from (0: none), after verifying it.
@@ -322,6 +335,19 @@ class Trainer:
     def close(self) -> None:
         self.backend.close()
         self.source.close()
+
+
+def _write_cause(exc: BaseException, path: Path) -> str:
+    """Why a write under ``path`` failed, in words: the errno's text, or (torch.save names neither path nor
+    cause) its first line and the space left on that filesystem."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    try:
+        free = shutil.disk_usage(path.parent if path.parent.exists() else path.parent.parent).free
+    except OSError:
+        return first
+    return f"no space left on device: {free} bytes free ({first})" if free < 1 << 20 else first
 
 
 @contextmanager

@@ -1,0 +1,136 @@
+"""Reliability, part 3: no run ends as an ordinary ``DONE`` whose records are wrong (docs/reliability.md §7).
+
+One section per fault class: failing tools (a retrieval server with no listener, or killed mid-run), writes
+on a full disk (a real small tmpfs), config drift on a run folder, unverified artifacts, analysis input
+that breaks the record schema, sizes past their memory/time bound, and grid runners killed with their
+children. The training runs use the shipped search base (``results/sft/search/base_nano``) on a few tasks,
+so no SFT warm-up runs here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+SEARCH = str(ROOT / "experiments/configs/cpu/search_base.yaml")
+
+
+def _search(tmp: Path, name: str = "r", *extra: str) -> list[str]:
+    """``drmas train`` arguments of a 3-step search run from the shipped nano base (~5 s in process)."""
+    return ["train", SEARCH, f"name={name}", f"out_dir={tmp}/runs", "train.steps=3", "train.batch_tasks=2",
+            "train.group_size=2", "train.eval_tasks=4", "train.eval_samples=1", "train.save_every=1", *extra,
+            "--no-progress"]
+
+
+def _main(args: list[str], capsys) -> tuple[int, list[str]]:
+    """``drmas`` in this process: (exit code, the stderr lines that are not log lines)."""
+    from drmas.cli import main
+
+    code = main(args)
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("drmas: ")]
+    return code, err
+
+
+def _records(path: Path) -> list[dict]:
+    from drmas.io import read_jsonl
+
+    return read_jsonl(path)
+
+
+# ====================================================================================== 2. full disk
+@pytest.fixture
+def small_disk(tmp_path, request):
+    """A real tmpfs at ``tmp_path/disk`` (256 KiB, or the size the test's ``disk_size`` mark gives; unmounted
+    afterwards); skipped where mounting is not permitted (not root, or no CAP_SYS_ADMIN)."""
+    mark = request.node.get_closest_marker("disk_size")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    size = mark.args[0] if mark else "256k"
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({proc.stderr.strip() or 'mount failed'}): the full-disk "
+                    "tests need root with CAP_SYS_ADMIN")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _fill(disk: Path, leave: int = 0) -> Path:
+    """Fill ``disk`` up to ``leave`` bytes (tmpfs counts whole 4 KiB pages)."""
+    filler = disk / "filler"
+    with open(filler, "ab") as fh:
+        while shutil.disk_usage(disk).free > leave:
+            fh.write(b"\0" * min(1 << 20, max(1, shutil.disk_usage(disk).free - leave)))
+            fh.flush()
+    return filler
+
+
+def test_an_append_on_a_full_disk_raises_naming_the_path_and_keeps_complete_records(small_disk):
+    """The disk fills during a metrics append: one error naming the file and the cause; the file holds the
+    records before it, complete (the append used to write half a line and return as if it had written it)."""
+    from drmas.io import WriteFailed, append_jsonl
+
+    path = small_disk / "metrics.jsonl"
+    append_jsonl(path, {"step": 0, "x": 1.0})
+    _fill(small_disk, leave=4096)  # one page left; the record needs three
+    with pytest.raises(WriteFailed, match=rf"{path}: .*No space left on device.*complete records"):
+        append_jsonl(path, {"step": 1, "blob": "y" * 12_000})
+    assert path.read_text() == '{"step": 0, "x": 1.0}\n'
+
+
+def test_an_atomic_write_on_a_full_disk_names_the_path_and_keeps_the_old_file(small_disk):
+    from drmas.io import WriteFailed, atomic_write_json
+
+    path = small_disk / "index.json"
+    atomic_write_json(path, {"v": 1})
+    _fill(small_disk)
+    with pytest.raises(WriteFailed, match=rf"{path}: .*No space left on device.*previous file is unchanged"):
+        atomic_write_json(path, {"v": 2, "blob": "z" * 20_000})
+    assert json.loads(path.read_text()) == {"v": 1}
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler", "index.json"]  # no temporary file left
+
+
+@pytest.mark.disk_size("96m")
+def test_a_checkpoint_on_a_full_disk_stops_with_one_line_and_keeps_the_previous_one(tmp_path, small_disk, capsys,
+                                                                                   monkeypatch):
+    """A search run whose run folder is on a tmpfs that fills before the checkpoint of step 2: exit 1 and one
+    line naming the checkpoint folder and the cause (it used to be a raw torch traceback); the checkpoint of
+    step 1 verifies, metrics.jsonl holds complete records; freed, the same command resumes and finishes."""
+    from drmas.checkpoints import verify_checkpoint
+    from drmas.trainer.trainer import Trainer
+
+    real = Trainer._checkpoint
+    state = {"filler": None}
+
+    def fill_before_step_2(self, step):
+        if step == 2 and state["filler"] is None:
+            state["filler"] = _fill(small_disk, leave=8192)
+        return real(self, step)
+
+    monkeypatch.setattr(Trainer, "_checkpoint", fill_before_step_2)
+    args = _search(small_disk, "r", "train.evaluate=false")
+    code, err = _main(args, capsys)
+    run = small_disk / "runs" / "r"
+    assert code == 1 and len(err) == 1, err
+    assert f"{run}/checkpoints/latest.tmp: the checkpoint of step 2 could not be written (" in err[0]
+    assert "no space left on device" in err[0].lower() and "(step 1) is intact" in err[0]
+    assert verify_checkpoint(run / "checkpoints" / "latest")["step"] == 1
+    assert [r["step"] for r in _records(run / "metrics.jsonl")] == [0, 1]
+    assert not (run / "DONE").exists()
+    state["filler"].unlink()
+    assert _main(args, capsys)[0] == 0
+    assert [r["step"] for r in _records(run / "metrics.jsonl")] == [0, 1, 2] and (run / "DONE").exists()
