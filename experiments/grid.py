@@ -44,12 +44,12 @@ from typing import Any
 
 import yaml
 
+from drmas.config.identity import STALE_POLICIES  # one list for drmas train and the grid
 from drmas.io import atomic_write_json
 from drmas.locks import FolderLocked, folder_lock
 from drmas.shutdown import children_end_with_me
 
 logger = logging.getLogger("experiments.grid")
-STALE_POLICIES = ("error", "rerun", "keep")
 DEVICES = ("auto", "cpu", "cuda")
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -73,8 +73,10 @@ class Run:
         return [f"name={self.name}", f"out_dir={out_dir}", f"train.seed={self.seed}", *self.overrides]
 
     def command(self, out_dir: Path, device: str = "auto") -> list[str]:
+        """``drmas train`` of the run. ``--stale keep``: the runner has compared the folder's config already,
+        more strictly (:func:`set_aside_stale`: only ``train.device`` is left out), before it starts a run."""
         return [sys.executable, "-m", "drmas.cli", "train", self.config, *self.train_overrides(out_dir),
-                *device_overrides(device), "--no-progress"]
+                *device_overrides(device), "--no-progress", "--stale", "keep"]
 
 
 @dataclass
@@ -236,21 +238,13 @@ def _comparable(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def _changed_keys(saved: Any, current: Any, prefix: str = "") -> list[str]:
-    if isinstance(saved, dict) and isinstance(current, dict):
-        return [k for key in sorted(set(saved) | set(current), key=str)
-                for k in _changed_keys(saved.get(key), current.get(key), f"{prefix}{key}.")]
-    if isinstance(saved, list) and isinstance(current, list) and len(saved) == len(current):
-        return [k for i, (a, b) in enumerate(zip(saved, current)) for k in _changed_keys(a, b, f"{prefix}{i}.")]
-    return [] if saved == current else [prefix.rstrip(".")]
-
-
 def config_changes(run: Run, out_dir: Path) -> list[str]:
     """The config keys whose value in the run folder's ``config.yaml`` differs from the config the grid would
     run now (empty when they agree or the folder has no config yet). A run made with another config is not
     a result of this grid: it must not be skipped as complete, nor resumed. The saved config is validated
     again first, so fields added to the schema since (at their defaults) do not count as changes."""
     from drmas.config import ConfigError, dump_config, load_config
+    from drmas.config.identity import changed_keys
 
     saved_file = out_dir / run.name / "config.yaml"
     if not saved_file.exists():
@@ -260,7 +254,7 @@ def config_changes(run: Run, out_dir: Path) -> list[str]:
         saved = yaml.safe_load(dump_config(load_config(saved_file, [])))
     except ConfigError as exc:
         return [f"(its config.yaml no longer loads: {str(exc).splitlines()[-1].strip()})"]
-    return _changed_keys(_comparable(saved), _comparable(current))
+    return [key for key, _, _ in changed_keys(_comparable(saved), _comparable(current))]
 
 
 def set_aside_stale(grid: Grid, runs: list[Run], stale: str) -> None:

@@ -30,15 +30,14 @@ SEARCH = str(ROOT / "experiments/configs/cpu/search_base.yaml")
 def _search(tmp: Path, name: str = "r", *extra: str) -> list[str]:
     """``drmas train`` arguments of a 3-step search run from the shipped nano base (~5 s in process)."""
     return ["train", SEARCH, f"name={name}", f"out_dir={tmp}/runs", "train.steps=3", "train.batch_tasks=2",
-            "train.group_size=2", "train.eval_tasks=4", "train.eval_samples=1", "train.save_every=1", *extra,
-            "--no-progress"]
+            "train.group_size=2", "train.eval_tasks=4", "train.eval_samples=1", "train.save_every=1", *extra]
 
 
-def _main(args: list[str], capsys) -> tuple[int, list[str]]:
-    """``drmas`` in this process: (exit code, the stderr lines that are not log lines)."""
+def _main(args: list[str], capsys, *flags: str) -> tuple[int, list[str]]:
+    """``drmas ARGS --no-progress FLAGS`` in this process: (exit code, the stderr lines that are not log lines)."""
     from drmas.cli import main
 
-    code = main(args)
+    code = main([*args, "--no-progress", *flags])
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("drmas: ")]
     return code, err
 
@@ -134,3 +133,48 @@ def test_a_checkpoint_on_a_full_disk_stops_with_one_line_and_keeps_the_previous_
     state["filler"].unlink()
     assert _main(args, capsys)[0] == 0
     assert [r["step"] for r in _records(run / "metrics.jsonl")] == [0, 1, 2] and (run / "DONE").exists()
+
+
+# ================================================================================== 3. config identity
+def test_drmas_train_on_a_folder_made_with_another_config_stops_naming_the_keys(tmp_path, capsys):
+    """A finished run, then ``drmas train`` with another estimator on its folder: exit 2 and one line naming
+    the key with both values; config.yaml, manifest.json and metrics.jsonl stay as they were (it used to
+    print "run complete" and relabel the records). A partial run (no DONE) with another seed and batch
+    size is refused alike (it used to append steps made under the new settings)."""
+    base = _search(tmp_path, "r", "train.evaluate=false", "train.steps=2")
+    assert _main(base, capsys)[0] == 0
+    run = tmp_path / "runs" / "r"
+    before = {f: (run / f).read_bytes() for f in ("config.yaml", "manifest.json", "metrics.jsonl")}
+    assert json.loads(before["manifest.json"])["config_hash"]
+
+    code, err = _main([*base, "algo.estimator=trajectory_grpo"], capsys)
+    assert code == 2 and len(err) == 1, err
+    assert f"run folder {run} was made with another config (algo.estimator ('drmas' -> 'trajectory_grpo'))" in err[0]
+    assert "--stale rerun" in err[0] and {f: (run / f).read_bytes() for f in before} == before
+
+    (run / "DONE").unlink()
+    code, err = _main([*base, "train.seed=1", "train.batch_tasks=3"], capsys)
+    assert code == 2 and "(train.batch_tasks (2 -> 3); train.seed (0 -> 1))" in err[0]
+    assert {f: (run / f).read_bytes() for f in before} == before
+
+
+def test_more_steps_continue_a_run_and_the_stale_options_are_explicit(tmp_path, capsys):
+    """``train.steps`` may grow (the run continues; speed and checkpoint settings are not part of the
+    identity), not shrink; ``--stale rerun`` moves the old files aside and starts afresh; ``--stale keep``
+    continues under the new config and lists the changes in the manifest."""
+    base = _search(tmp_path, "r", "train.evaluate=false", "train.steps=2")
+    run = tmp_path / "runs" / "r"
+    assert _main(base, capsys)[0] == 0
+    assert _main([*base, "train.steps=3", "train.save_every=2", "train.threads=0"], capsys)[0] == 0
+    assert [r["step"] for r in _records(run / "metrics.jsonl")] == [0, 1, 2]
+    code, err = _main([*base, "train.steps=1"], capsys)
+    assert code == 2 and "train.steps (3 -> 1)" in err[0]
+
+    assert _main([*base, "algo.estimator=trajectory_grpo"], capsys, "--stale", "rerun")[0] == 0
+    assert [r["step"] for r in _records(tmp_path / "runs" / "r.stale-1" / "metrics.jsonl")] == [0, 1, 2]
+    assert [r["step"] for r in _records(run / "metrics.jsonl")] == [0, 1]
+    assert yaml.safe_load((run / "config.yaml").read_text())["algo"]["estimator"] == "trajectory_grpo"
+
+    assert _main([*base, "algo.estimator=trajectory_grpo", "train.steps=3", "algo.clip_high=0.2"], capsys, "--stale",
+                 "keep")[0] == 0
+    assert json.loads((run / "manifest.json").read_text())["config_changes_kept"] == ["algo.clip_high (0.28 -> 0.2)"]

@@ -26,6 +26,7 @@ from drmas.agents import make_agent
 from drmas.algos import SpikeDetector, compute_advantages
 from drmas.checkpoints import MANIFEST_NAME, CheckpointDamaged, read_manifest, verify_checkpoint, write_manifest
 from drmas.config import RunConfig, dump_config
+from drmas.config.identity import check_run_folder, identity_record
 from drmas.io import WriteFailed, atomic_write_json, atomic_write_text
 from drmas.locks import folder_lock
 from drmas.devices import describe, resolve_device
@@ -59,8 +60,11 @@ class Trainer:
     """How often a run replaces its workers after one died (a Ray actor: ``WorkerDied``) and goes on from
     its last checkpoint; one more death stops it with ``WorkerGroupLost``."""
 
-    def __init__(self, cfg: RunConfig):
+    def __init__(self, cfg: RunConfig, stale: str = "error"):
+        """``stale``: what :meth:`train` does with a run folder made with another config
+        (:func:`drmas.config.identity.check_run_folder`: error, rerun or keep)."""
         self.cfg = cfg
+        self.stale = stale
         self.run_dir = cfg.run_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.source = make_task_source(cfg.env.name, **cfg.env.args)
@@ -143,7 +147,8 @@ class Trainer:
         A dead worker group is replaced and the run goes on from its last checkpoint (deterministic, so
         the records are those of an uninterrupted run), at most ``max_worker_restarts`` times."""
         with folder_lock(self.run_dir, "run folder"):  # a second writer of this run stops at once
-            self._write_manifest()
+            kept = check_run_folder(self.cfg, self.stale)  # records made with another config are not relabelled
+            self._write_manifest(kept)
             restarts = 0
             while True:
                 try:
@@ -315,12 +320,14 @@ class Trainer:
         self.sink.truncate(after_step=step - 1)
         return step
 
-    def _write_manifest(self) -> None:
+    def _write_manifest(self, kept_changes: list[str] = ()) -> None:
         import platform
 
         import transformers
 
+        previous = _read_json(self.run_dir / "manifest.json").get("config_changes_kept", [])
         manifest = {
+            **identity_record(self.cfg, [*previous, *kept_changes]),
             "name": self.cfg.name, "config": json.loads(self.cfg.model_dump_json()),
             "effective_agents": self.cfg.effective_agents(),
             "effective_optim": {k: self.cfg.effective_optim(k).model_dump() for k in self.cfg.models},
@@ -335,6 +342,14 @@ class Trainer:
     def close(self) -> None:
         self.backend.close()
         self.source.close()
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _write_cause(exc: BaseException, path: Path) -> str:
