@@ -20,9 +20,11 @@ from drmas.io import JsonlDamaged, WriteFailed
 from drmas.locks import FolderLocked, folder_lock
 from drmas.preflight import check_before_work
 from drmas.shutdown import children_end_with_me
+from drmas.tasks import ToolFailure, ToolUnavailable
 
 EXIT_CODES: dict[type[Exception], int] = {ConfigError: 2, FolderLocked: 1, CheckpointDamaged: 1, CheckpointMismatch: 1,
-                                          JsonlDamaged: 1, WriteFailed: 1, ConfigDrift: 2}
+                                          JsonlDamaged: 1, WriteFailed: 1, ConfigDrift: 2,
+                                          ToolUnavailable: 1, ToolFailure: 1}
 """Errors reported as one ``drmas: message`` line (no traceback), with their exit codes."""
 
 
@@ -79,6 +81,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     _log_device(cfg.train.device, cfg.train.precision)
     trainer = Trainer(cfg)
     try:
+        trainer.source.check_tools()
         step = trainer.load_checkpoint()
         if step == 0:
             print(f"drmas: {args.run_dir} has no checkpoint yet; evaluating the initial models", file=sys.stderr)

@@ -178,3 +178,91 @@ def test_more_steps_continue_a_run_and_the_stale_options_are_explicit(tmp_path, 
     assert _main([*base, "algo.estimator=trajectory_grpo", "train.steps=3", "algo.clip_high=0.2"], capsys, "--stale",
                  "keep")[0] == 0
     assert json.loads((run / "manifest.json").read_text())["config_changes_kept"] == ["algo.clip_high (0.28 -> 0.2)"]
+
+
+# ====================================================================================== 1. failing tools
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def retrieval_server(tmp_path):
+    """A real retrieval server process (``python -m envs.search.server``) over the knowledge base of
+    search_base.yaml; yields (url, process)."""
+    from envs.search.corpus import write_jsonl
+    from envs.search.generated import KBConfig, generate_kb
+
+    kb_args = yaml.safe_load(Path(SEARCH).read_text())["env"]["args"]["kb"]
+    corpus = write_jsonl(generate_kb(KBConfig(**kb_args)).passages, tmp_path / "corpus.jsonl")
+    proc = subprocess.Popen([sys.executable, "-m", "envs.search.server", "--corpus", str(corpus), "--port", "0",
+                             "--no-cache"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+    try:
+        line = proc.stdout.readline().strip()
+        assert line.startswith("RETRIEVAL_SERVER_URL="), line
+        yield line.split("=", 1)[1], proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_search_run_whose_server_has_no_listener_stops_before_step_0(tmp_path, capsys):
+    """``env.args.server_url`` with no listener: exit 1 and one line naming the URL, before step 0 (it used to
+    train to DONE on rewards of 0 with warnings only)."""
+    url = f"http://127.0.0.1:{_free_port()}"
+    code, err = _main(_search(tmp_path, "r", f"env.args.server_url={url}"), capsys)
+    assert code == 1 and len(err) == 1, err
+    assert f"env.args.server_url: retrieval service {url}/retrieve does not answer" in err[0]
+    run = tmp_path / "runs" / "r"
+    assert not (run / "metrics.jsonl").exists() and not (run / "eval.jsonl").exists() and not (run / "DONE").exists()
+
+
+def test_a_retrieval_server_killed_mid_run_stops_the_run_and_failures_are_counted(tmp_path, capsys, monkeypatch,
+                                                                                  retrieval_server):
+    """A real server, killed after step 0: step 1's queries fail after the client's retries, the run stops with
+    one line (the failure share, the threshold, the last error) before recording or learning from step 1;
+    step 0's record counts its retrieval calls (none failed). Below the threshold a run goes on, each step's
+    failures in its record."""
+    from drmas.trainer.trainer import Trainer
+
+    url, server = retrieval_server
+    real = Trainer.train_step
+
+    def kill_server_before_step_1(self, step):
+        if step == 1:
+            server.kill()
+            server.wait()
+        return real(self, step)
+
+    monkeypatch.setattr(Trainer, "train_step", kill_server_before_step_1)
+    args = _search(tmp_path, "r", f"env.args.server_url={url}", "train.evaluate=false")
+    code, err = _main(args, capsys)
+    assert code == 1 and len(err) == 1, err
+    assert "step 1: retrieval failed on" in err[0] and "(100% > train.max_tool_failure_rate=0.1; last error: " \
+        "retrieval failed after 3 attempt(s) at " in err[0] and "the last checkpoint is step 1" in err[0]
+    run = tmp_path / "runs" / "r"
+    (step0,) = _records(run / "metrics.jsonl")
+    assert step0["tools/retrieval/calls"] > 0 and step0["tools/retrieval/failures"] == 0
+    assert not (run / "DONE").exists()
+    code, err = _main([*args, "train.max_tool_failure_rate=1"], capsys)  # the service is checked before step 0
+    assert code == 1 and f"retrieval service {url}/retrieve does not answer" in err[0]
+
+
+def test_grader_failures_are_counted_by_the_task_source(monkeypatch, tmp_path):
+    """A math-verify worker that cannot start: its answers score 0 and count as grader failures
+    (``tools/grader/failures``), apart from answers the grader judged."""
+    import envs.math.grader as grader_module
+    from drmas.tasks import make_task_source
+
+    monkeypatch.setattr(grader_module, "_WORKER_SCRIPT", tmp_path / "missing_worker.py")
+    source = make_task_source("math_generated", difficulty=1, grader_timeout_s=1.0)
+    try:
+        assert source.tool_counts() == {}  # no grader built yet
+        scores = source.grader.grade_batch(["\\boxed{\\{2,1\\}}", "\\boxed{7}"], ["\\{1,2\\}", "7"])
+        assert scores.tolist() == [0.0, 1.0]
+        counts = source.tool_counts()["grader"]
+        assert (counts.calls, counts.failures) == (2, 1)
+    finally:
+        source.close()

@@ -267,6 +267,10 @@ class TrainConfig(Strict):
                                           "top_p, top_k of every agent during evaluation (max_new_tokens stays the agent's)")
     save_every: int = Field(25, ge=0, description="checkpoint every N steps (0 = only at the end)")
     max_nonfinite_skips: PositiveInt = Field(3, description="stop after this many consecutive non-finite steps")
+    max_tool_failure_rate: float = Field(
+        0.1, ge=0, le=1, description="stop the run when more than this share of a step's (or an evaluation's) tool "
+                                     "calls (retrieval queries, grader comparisons) failed after the tool's own retries "
+                                     "(docs/reliability.md §7); 1 = never stop")
     backend: str = Field(
         "local", description="registered backend (drmas.workers.catalog.BACKENDS): local: in-process (CPU default); "
                              "ray: one Ray actor per worker group; openrlhf: DeepSpeed actor groups + vLLM engines in "

@@ -32,9 +32,9 @@ from drmas.locks import folder_lock
 from drmas.devices import describe, resolve_device
 from drmas.orchestra import make_orchestra
 from drmas.rollout.base import SamplingParams
-from drmas.trainer.metrics import MetricsSink, evaluation_metrics, step_metrics
+from drmas.trainer.metrics import MetricsSink, evaluation_metrics, step_metrics, tool_metrics
 from drmas.trainer.collect import AgentSlot, Collected, collect
-from drmas.tasks import make_task_source
+from drmas.tasks import ToolFailure, make_task_source
 from drmas.workers.base import WorkerDied, make_backend
 from drmas.workers.catalog import BACKENDS
 from drmas.workers.policy import UpdateBatch, WorkerSpec
@@ -100,9 +100,11 @@ class Trainer:
     def train_step(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
         timings: dict[str, float] = {}
+        before = self.source.tool_counts()
         with _timed(timings, "rollout"):
             rollout = self.rollout(step)
             table = rollout.table
+        tools = self._tool_check(before, f"step {step}")  # before the update: failed tools are not learnt from
         with _timed(timings, "rewards"):
             table.assign_rewards(rollout.traj_reward, self.invalid_penalties)
         with _timed(timings, "advantages"):
@@ -112,7 +114,25 @@ class Trainer:
         with _timed(timings, "update"):
             update = self.backend.update({wg: self._update_batch(table, wg) for wg in cfg.models},
                                          step_seed=cfg.train.seed * 7919 + step)
-        return step_metrics(table, rollout, update, timings, self.spikes, cfg.algo.estimator)
+        return {**step_metrics(table, rollout, update, timings, self.spikes, cfg.algo.estimator), **tool_metrics(tools)}
+
+    def _tool_check(self, before: dict[str, Any], what: str) -> dict[str, tuple[int, int]]:
+        """(calls, failures) per tool since ``before``; raises :class:`ToolFailure` when a tool's failure
+        share passes ``train.max_tool_failure_rate``."""
+        limit = self.cfg.train.max_tool_failure_rate
+        out = {}
+        for tool, now in self.source.tool_counts().items():
+            calls = now.calls - (before[tool].calls if tool in before else 0)
+            failures = now.failures - (before[tool].failures if tool in before else 0)
+            out[tool] = (calls, failures)
+            if calls and failures / calls > limit:
+                ckpt = read_manifest(self.ckpt_dir)
+                where = f"the last checkpoint is step {ckpt.get('step')}" if ckpt else "there is no checkpoint yet"
+                raise ToolFailure(f"{what}: {tool} failed on {failures} of {calls} calls ({failures / calls:.0%} > "
+                                  f"train.max_tool_failure_rate={limit:g}; last error: {now.last_error}); stopped "
+                                  f"before recording or learning from it ({where}); fix the tool and run the same "
+                                  "command again to resume")
+        return out
 
     def _update_batch(self, table, wg: str) -> UpdateBatch:
         rows = np.flatnonzero(table.wg == wg)
@@ -128,14 +148,17 @@ class Trainer:
         k = cfg.train.eval_samples
         sets = self.source.eval_sets(cfg.train.eval_tasks)
         tasks = [t for ts in sets.values() for t in ts]  # one batched rollout for every benchmark
+        before = self.source.tool_counts()
         rollout = collect(tasks, k, self.orchestra, self.source.make_env, self.eval_slots,
                           self.backend.generators(), seed=10_000_019 + step)
+        tools = {t: n for t, n in self._tool_check(before, f"evaluation at step {step}").items() if n[1]}
         bounds = np.cumsum([0] + [len(ts) for ts in sets.values()]) * k  # trajectories are task-major
         records = {name: evaluation_metrics(rollout.traj_reward[lo:hi], k)
                    for name, lo, hi in zip(sets, bounds[:-1], bounds[1:])}
         for name, rec in records.items():
             if record:
-                self.sink.write_eval({"step": step, "benchmark": name, **rec})
+                self.sink.write_eval({"step": step, "benchmark": name, **rec,
+                                      **({"tool_failures": {t: n[1] for t, n in tools.items()}} if tools else {})})
         logger.info("eval step %d: %s (%.1fs)", step,
                     ", ".join(f"{k} avg@{cfg.train.eval_samples}={v['avg']:.3f} pass={v['pass']:.3f}" for k, v in records.items()),
                     time.perf_counter() - t0)
@@ -148,6 +171,7 @@ class Trainer:
         the records are those of an uninterrupted run), at most ``max_worker_restarts`` times."""
         with folder_lock(self.run_dir, "run folder"):  # a second writer of this run stops at once
             kept = check_run_folder(self.cfg, self.stale)  # records made with another config are not relabelled
+            self.source.check_tools()  # a retrieval server that does not answer stops the run before step 0
             self._write_manifest(kept)
             restarts = 0
             while True:

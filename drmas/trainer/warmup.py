@@ -122,6 +122,7 @@ def _warmup_locked(cfg: RunConfig, progress: bool) -> dict[str, Any]:
     if not plan:
         return {}
     source = make_task_source(cfg.env.name, **cfg.env.args)
+    source.check_tools()  # traces drawn through a dead retrieval server would teach "search unavailable"
     sft = cfg.sft
     records = source.role_traces(sft.traces, seed=sft.seed)
     tok_dir = Path(sft.tokenizer_dir)
