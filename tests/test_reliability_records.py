@@ -34,10 +34,10 @@ def _search(tmp: Path, name: str = "r", *extra: str) -> list[str]:
 
 
 def _main(args: list[str], capsys, *flags: str) -> tuple[int, list[str]]:
-    """``drmas ARGS --no-progress FLAGS`` in this process: (exit code, the stderr lines that are not log lines)."""
+    """``drmas ARGS [--no-progress] FLAGS`` in this process: (exit code, the stderr lines that are not log lines)."""
     from drmas.cli import main
 
-    code = main([*args, "--no-progress", *flags])
+    code = main([*args, *(["--no-progress"] if args[0] == "train" else []), *flags])
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("drmas: ")]
     return code, err
 
@@ -266,3 +266,98 @@ def test_grader_failures_are_counted_by_the_task_source(monkeypatch, tmp_path):
         assert (counts.calls, counts.failures) == (2, 1)
     finally:
         source.close()
+
+
+# ================================================================================ 4. unverified artifacts
+BASE = ROOT / "results/sft/search/base_nano"
+MODELS = ("verifier_model", "search_model", "answer_model")
+
+
+def _eval_folder(tmp: Path, base: Path, *extra: str) -> Path:
+    """A run folder (config.yaml only) whose three models load ``base``: ``drmas eval`` evaluates them."""
+    from drmas.config import dump_config, load_config
+
+    cfg = load_config(SEARCH, [o for o in _search(tmp, "ev")[2:]] + [f"models.{m}.path={base}" for m in MODELS]
+                      + list(extra))
+    cfg.run_dir.mkdir(parents=True)
+    (cfg.run_dir / "config.yaml").write_text(dump_config(cfg))
+    return cfg.run_dir
+
+
+def _swap_two_vocab_ids(tokenizer_json: Path) -> None:
+    """Swap the ids of two tokens of the same length: the file keeps its size, every text maps to other ids."""
+    text = tokenizer_json.read_text()
+    vocab = json.loads(text)["model"]["vocab"]
+    (ka, ia), (kb, ib) = [(json.dumps(tok), i) for tok, i in vocab.items() if len(str(i)) == 3 and tok.isalpha()
+                          and tok.isascii()][:2]
+    assert text.count(f"{ka}: {ia},") == 1 and text.count(f"{kb}: {ib},") == 1
+    swapped = text.replace(f"{ka}: {ia},", "\0").replace(f"{kb}: {ib},", f"{kb}: {ia},").replace("\0", f"{ka}: {ib},")
+    assert swapped != text and len(swapped) == len(text)
+    tokenizer_json.write_text(swapped)
+
+
+@pytest.mark.parametrize("fault", ["swapped ids", "truncated"])
+def test_drmas_eval_refuses_a_base_whose_tokenizer_was_altered(tmp_path, capsys, fault):
+    """``drmas eval`` on models whose base's tokenizer.json had two vocab ids swapped (same size), or was
+    truncated: exit 1 and one line naming the file and the key, before a model is loaded (it used to
+    evaluate with the altered tokenizer without a word, or print a traceback that did not name the file)."""
+    base = tmp_path / "base"
+    shutil.copytree(BASE, base)
+    tok = base / "tokenizer.json"
+    if fault == "truncated":
+        tok.write_bytes(tok.read_bytes()[:1000])
+    else:
+        _swap_two_vocab_ids(tok)
+    run = _eval_folder(tmp_path, base)
+    code, err = _main(["eval", str(run)], capsys)
+    assert code == 1 and len(err) == 1, err
+    why = "sha256 differs from manifest.sha256.json" if fault == "swapped ids" else "1000 bytes, the manifest says"
+    assert err[0].startswith(f"drmas: models.verifier_model.path: {tok}: {why}")
+
+
+def test_an_artifact_without_a_manifest_is_an_error_unless_the_user_opts_out(tmp_path, capsys):
+    base = tmp_path / "base"
+    shutil.copytree(BASE, base)
+    (base / "manifest.sha256.json").unlink()
+    code, err = _main(["eval", str(_eval_folder(tmp_path / "a", base))], capsys)
+    assert code == 1 and f"models.verifier_model.path={base} has no manifest.sha256.json" in err[0]
+    assert "train.verify_artifacts=false" in err[0]
+    code, err = _main(["eval", str(_eval_folder(tmp_path / "b", base, "train.verify_artifacts=false"))], capsys)
+    assert code == 0 and len(err) == 1 and "has no checkpoint yet; evaluating the initial models" in err[0]
+
+
+def test_a_damaged_tokenizer_folder_is_refused_before_the_sft_warm_up(tmp_path, capsys):
+    """A missing base makes ``drmas train`` build it from ``sft.tokenizer_dir``; a flipped byte there stops
+    it with one line naming the file, before any SFT step."""
+    tok_dir = tmp_path / "tok"
+    shutil.copytree(ROOT / "results/sft/search/tokenizer", tok_dir)
+    data = bytearray((tok_dir / "tokenizer.json").read_bytes())
+    data[5000] ^= 0x01
+    (tok_dir / "tokenizer.json").write_bytes(bytes(data))
+    args = _search(tmp_path, "r", f"sft.tokenizer_dir={tok_dir}", *[f"models.{m}.path={tmp_path}/new_base" for m in MODELS])
+    code, err = _main(args, capsys)
+    assert code == 1 and err == [f"drmas: sft.tokenizer_dir: {tok_dir / 'tokenizer.json'}: sha256 differs from "
+                                 "manifest.sha256.json (the file was damaged after it was written)"]
+    assert not (tmp_path / "new_base").exists()
+
+
+def test_a_damaged_retriever_index_cache_is_rebuilt_not_used(tmp_path, caplog):
+    """The BM25 index cache carries a manifest; a damaged cache file is named in a warning and the index is
+    built again (it used to be loaded as it was), answering as a fresh one."""
+    from envs.search.generated import KBConfig, generate_kb
+    from envs.search.retriever import build_retriever
+
+    corpus = generate_kb(KBConfig(n_people=40, n_cities=10, n_companies=10, n_countries=4)).corpus()
+    fresh = build_retriever(corpus, "bm25", cache_root=tmp_path)
+    cache = fresh.index.cache_dir
+    assert (cache / "manifest.sha256.json").is_file()
+    victim = max((p for p in cache.iterdir() if p.suffix == ".npy"), key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[-8:] = b"\xff" * 8
+    victim.write_bytes(bytes(data))
+    again = build_retriever(corpus, "bm25", cache_root=tmp_path)
+    assert f"index cache not used: {victim}: sha256 differs" in caplog.text
+    queries = [p["contents"].split("\n")[0] for p in corpus.passages[:20]] if hasattr(corpus, "passages") else ["a"]
+    assert again.search(queries, 3)[0].tolist() == fresh.search(queries, 3)[0].tolist()
+    build_retriever(corpus, "bm25", cache_root=tmp_path)  # the rebuilt cache verifies
+    assert caplog.text.count("index cache not used") == 1

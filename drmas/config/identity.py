@@ -39,7 +39,7 @@ from drmas.config.schema import RunConfig
 logger = logging.getLogger(__name__)
 
 IGNORED = ("name", "out_dir", "train.device", "train.threads", "train.save_every", "train.keep_previous_checkpoint",
-           "train.max_tool_failure_rate",
+           "train.max_tool_failure_rate", "train.verify_artifacts",
            "models.*.resources.checkpoint_dir")
 """Dotted keys (``*``: any model key) that are not part of a run's identity (see the module docstring)."""
 GROWABLE = ("train.steps",)

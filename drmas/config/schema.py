@@ -284,6 +284,10 @@ class TrainConfig(Strict):
 
     threads: int = Field(1, ge=0, description="torch threads per process (0 = leave as is); on 2 shared cores "
                          "1 thread was measured 10-27x faster than 2 under load")
+    verify_artifacts: bool = Field(
+        True, description="check every folder a run loads (base checkpoints, tokenizers, the run's checkpoints) "
+                          "against its manifest.sha256.json first; false: a folder without a manifest is used with a "
+                          "warning (a damaged file is refused either way)")
     keep_previous_checkpoint: bool = Field(
         False, description="keep the checkpoint before the latest (checkpoints/latest.old): a resume that finds "
                            "`latest` damaged falls back to it (twice the checkpoint disk space)")

@@ -24,7 +24,8 @@ import torch
 
 from drmas.agents import make_agent
 from drmas.algos import SpikeDetector, compute_advantages
-from drmas.checkpoints import MANIFEST_NAME, CheckpointDamaged, read_manifest, verify_checkpoint, write_manifest
+from drmas.checkpoints import (MANIFEST_NAME, CheckpointDamaged, read_manifest, verify_artifact, verify_checkpoint,
+                               write_manifest)
 from drmas.config import RunConfig, dump_config
 from drmas.config.identity import check_run_folder, identity_record
 from drmas.io import WriteFailed, atomic_write_json, atomic_write_text
@@ -77,6 +78,8 @@ class Trainer:
         ev = cfg.train.eval_sampling
         self.eval_slots = {k: replace(s, sampling=replace(s.sampling, temperature=ev.temperature, top_p=ev.top_p,
                                                           top_k=ev.top_k)) for k, s in self.slots.items()}
+        for path, key in {m.path: key for key, m in reversed(cfg.models.items()) if m.path}.items():
+            verify_artifact(path, f"models.{key}.path", required=cfg.train.verify_artifacts)  # before any is loaded
         specs = {key: WorkerSpec(key, m, cfg.effective_optim(key), cfg.algo, seed=cfg.train.seed + i,
                                  threads=cfg.train.threads, device=cfg.train.device, precision=cfg.train.precision)
                  for i, (key, m) in enumerate(cfg.models.items())}
@@ -291,8 +294,10 @@ class Trainer:
         moved to ``latest.damaged-N`` and the run resumes from the previous one, with a warning."""
         latest, tmp, old = self.ckpt_dir, self.ckpt_dir.with_name("latest.tmp"), self.ckpt_dir.with_name("latest.old")
         if latest.exists() and not (latest / MANIFEST_NAME).exists() and (latest / "trainer.json").is_file():
-            logger.warning("%s has no %s (written before checkpoint manifests): loaded unverified", latest,
-                           MANIFEST_NAME)
+            if self.cfg.train.verify_artifacts:
+                raise CheckpointDamaged(f"{latest} has no {MANIFEST_NAME}, so it cannot be verified; delete it to "
+                                        "start from step 0, or set train.verify_artifacts=false to load it unverified")
+            logger.warning("%s has no %s: loaded unverified (train.verify_artifacts=false)", latest, MANIFEST_NAME)
             try:
                 return int(json.loads((latest / "trainer.json").read_text())["step"])
             except (ValueError, KeyError, TypeError) as exc:
