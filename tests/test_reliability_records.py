@@ -38,7 +38,7 @@ def _main(args: list[str], capsys, *flags: str) -> tuple[int, list[str]]:
     from drmas.cli import main
 
     code = main([*args, *(["--no-progress"] if args[0] == "train" else []), *flags])
-    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("drmas: ")]
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith(("drmas: ", "  "))]
     return code, err
 
 
@@ -361,3 +361,37 @@ def test_a_damaged_retriever_index_cache_is_rebuilt_not_used(tmp_path, caplog):
     assert again.search(queries, 3)[0].tolist() == fresh.search(queries, 3)[0].tolist()
     build_retriever(corpus, "bm25", cache_root=tmp_path)  # the rebuilt cache verifies
     assert caplog.text.count("index cache not used") == 1
+
+
+# ==================================================================================== 6. sizes bounded
+@pytest.mark.parametrize("override, key, what", [
+    ("train.eval_samples=100000000", "train.eval_tasks, train.eval_samples", "4 tasks x 100000000 samples x 1 benchmark(s) x 3 agents x 512 B"),
+    ("train.batch_tasks=100000000", "train.batch_tasks, train.group_size", "100000000 tasks x 2 trajectories x 3 agents x 512 B"),
+    ("train.eval_tasks=100000000", "train.eval_tasks, train.eval_samples", "100000000 tasks x 1 samples"),
+    ("sft.traces=1000000000", "sft.traces", "1000000000 traces x 512 B"),
+    ("agents.answer.sampling.max_new_tokens=4000", "agents[2].sampling.max_new_tokens",
+     "max_new_tokens=4000 exceeds the context length 2048 of model 'answer_model' (the limit)"),
+])
+def test_a_size_past_its_bound_stops_before_any_work_naming_the_estimate_and_the_limit(tmp_path, capsys, override,
+                                                                                      key, what):
+    """Sizes no machine here can hold: exit 2 with a line naming the keys, the estimate and the limit, before
+    a run folder exists (``train.eval_samples=1e8`` used to be accepted and OOM-killed at 24 GB)."""
+    code, err = _main(_search(tmp_path, "r", override), capsys)
+    assert code == 2 and err[0] == "drmas: cannot start:" and len(err) == 2, err
+    assert err[1].startswith(f"  {key}: ") and what in err[1] and ("the limit is" in err[1] or "(the limit)" in err[1])
+    assert not (tmp_path / "runs").exists()
+
+
+def test_size_problems_name_the_estimate_and_the_limit(tmp_path):
+    from drmas.config import load_config
+    from drmas.preflight import size_problems
+
+    cfg = load_config(SEARCH, _search(tmp_path, "r", "train.eval_samples=100000000")[2:])
+    (line,) = size_problems(cfg, available=16 * 2**30, free_disk=2**30)
+    assert line.strip() == ("train.eval_tasks, train.eval_samples: 4 tasks x 100000000 samples x 1 benchmark(s) x 3 "
+                            "agents x 512 B = 572 GiB (estimate, a lower bound) in memory; the limit is 0.5 x the 16 "
+                            "GiB available = 8 GiB; fix: lower them")
+    cfg = load_config(SEARCH, _search(tmp_path, "r", "train.steps=10000000")[2:])
+    (line,) = size_problems(cfg, available=16 * 2**30, free_disk=2**30)
+    assert "train.steps: 10000000 steps x 400 B of metrics records = 3.73 GiB" in line and "the 1 GiB free" in line
+    assert size_problems(load_config(SEARCH, []), available=16 * 2**30, free_disk=2**30) == []  # the CPU default fits
