@@ -35,6 +35,7 @@ import itertools
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -46,7 +47,7 @@ import yaml
 
 from drmas.config.identity import STALE_POLICIES  # one list for drmas train and the grid
 from drmas.io import atomic_write_json
-from drmas.locks import FolderLocked, folder_lock
+from drmas.locks import FolderLocked, describe_holder, folder_lock, live_holder
 from drmas.shutdown import children_end_with_me
 
 logger = logging.getLogger("experiments.grid")
@@ -305,8 +306,25 @@ class LocalLauncher:
 
     @staticmethod
     def start(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
-        """``cmd`` in the repository root, its output appended to ``log``, ``env`` added to this environment."""
-        return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=log.open("a"), stderr=subprocess.STDOUT)
+        """``cmd`` in the repository root, its output appended to ``log``, ``env`` added to this environment.
+        The child gets SIGTERM when the runner dies, even by SIGKILL (:func:`die_with_parent`), and ends its
+        own children in turn (``drmas.shutdown``): no run goes on as an orphan."""
+        return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=log.open("a"), stderr=subprocess.STDOUT,
+                                preexec_fn=functools.partial(die_with_parent, os.getpid()))
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
+    """In a child between fork and exec: have the kernel send ``sig`` when the parent dies (Linux
+    ``prctl(PR_SET_PDEATHSIG)``; elsewhere nothing), and send it now if the parent is gone already."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    if os.getppid() != parent:  # the runner died before prctl took effect
+        os.kill(os.getpid(), sig)
 
 
 def _run_logged(cmd: list[str], cwd: str, log: str, env: dict[str, str]) -> int:
@@ -454,8 +472,16 @@ def _run_grid(grid: Grid, jobs: int | str = 2, only: str | None = None, dry_run:
     running: list[tuple[Run, Any, float, Path]] = []
     gpu_of: dict[str, int] = {}  # run name -> GPU index (machines with several GPUs)
     queue = list(todo)
+    held: list[Run] = []  # runs whose folder a live process holds (a runner before this one left it running)
     t_start = time.perf_counter()
-    while queue or running:
+    while queue or running or held:
+        for run in list(held):  # once its holder is gone, the run is complete or goes back to the queue
+            if live_holder(grid.out_dir / run.name) is None:
+                held.remove(run)
+                if run_status(grid.out_dir / run.name) == "done":
+                    logger.info("[grid] %s was completed by the process that held it", run.name)
+                else:
+                    queue.insert(0, run)
         for item in list(warming):
             config, log, proc = item
             if proc.poll() is not None:
@@ -472,6 +498,11 @@ def _run_grid(grid: Grid, jobs: int | str = 2, only: str | None = None, dry_run:
                                        "config to the grid's `sft` list or fix the model paths")
                 break
             queue.remove(ready)
+            if (holder := live_holder(grid.out_dir / ready.name)) is not None:
+                held.append(ready)
+                logger.warning("[grid] %s is being run by %s; waiting for it (not started twice, not failed)",
+                               ready.name, describe_holder(holder))
+                continue
             log = grid.out_dir / "logs" / f"{ready.name}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
             lane_env = {"PYTHONHASHSEED": "0"}

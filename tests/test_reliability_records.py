@@ -395,3 +395,72 @@ def test_size_problems_name_the_estimate_and_the_limit(tmp_path):
     (line,) = size_problems(cfg, available=16 * 2**30, free_disk=2**30)
     assert "train.steps: 10000000 steps x 400 B of metrics records = 3.73 GiB" in line and "the 1 GiB free" in line
     assert size_problems(load_config(SEARCH, []), available=16 * 2**30, free_disk=2**30) == []  # the CPU default fits
+
+
+# ============================================================================================ 7. orphans
+def _grid_spec(tmp: Path, *overrides: str) -> Path:
+    spec = tmp / "grid.yaml"
+    spec.write_text(yaml.safe_dump({"name": "g", "out_dir": str(tmp / "grid"), "runs": [
+        {"name": "r", "config": "experiments/configs/cpu/search_base.yaml", "tags": {"task": "search"},
+         "overrides": ["train.batch_tasks=2", "train.group_size=2", "train.evaluate=false", *overrides]}]}))
+    return spec
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (got := predicate()):
+            return got
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def test_a_grid_runner_killed_with_sigkill_takes_its_runs_with_it(tmp_path):
+    """``kill -9`` of a grid runner: its ``drmas train`` child ends too (the kernel sends it SIGTERM, it ends
+    its own children), instead of running on as an orphan."""
+    runner = subprocess.Popen([sys.executable, "-m", "experiments.grid", "run", str(_grid_spec(tmp_path, "train.steps=500")),
+                               "--jobs", "1", "--device", "cpu"], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        child = _wait_for(lambda: [c for c in psutil.Process(runner.pid).children() if "drmas.cli" in " ".join(c.cmdline())],
+                          120, "the runner's drmas train")[0]
+        runner.kill()
+        runner.wait()
+        gone, alive = psutil.wait_procs([child], timeout=30)
+        assert not alive, f"drmas train (pid {child.pid}) outlived its grid runner"
+    finally:
+        for p in psutil.Process().children(recursive=True):
+            p.kill()
+
+
+HOLD_AND_FINISH = """
+import json, sys, time
+from pathlib import Path
+from drmas.locks import folder_lock
+with folder_lock(sys.argv[1], "run folder"):
+    print("held", flush=True)
+    time.sleep(float(sys.argv[2]))
+    (Path(sys.argv[1]) / "DONE").write_text(json.dumps({"steps": 1}))
+"""
+
+
+def test_a_restarted_grid_runner_waits_for_a_run_a_live_process_holds(tmp_path):
+    """A run folder held by a live process (a run an earlier runner left going): the new runner neither
+    starts it a second time nor marks it failed (it used to, quoting the second writer's FolderLocked line);
+    it waits, and once the holder finished the run, the grid is complete."""
+    spec = _grid_spec(tmp_path, "train.steps=1")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_AND_FINISH, str(tmp_path / "grid" / "r_s0"), "8"], cwd=ROOT,
+                              env=ENV, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        proc = subprocess.run([sys.executable, "-m", "experiments.grid", "run", str(spec), "--jobs", "1", "--device",
+                               "cpu"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"r_s0 is being run by pid {holder.pid} on host" in proc.stderr
+    assert "was completed by the process that held it" in proc.stderr
+    index = json.loads((tmp_path / "grid" / "index.json").read_text())
+    assert [(r["run"], r["status"]) for r in index["runs"]] == [("r_s0", "done")]
+    assert not (tmp_path / "grid" / "logs" / "r_s0.log").exists()  # never started here
