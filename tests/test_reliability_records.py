@@ -464,3 +464,78 @@ def test_a_restarted_grid_runner_waits_for_a_run_a_live_process_holds(tmp_path):
     index = json.loads((tmp_path / "grid" / "index.json").read_text())
     assert [(r["run"], r["status"]) for r in index["runs"]] == [("r_s0", "done")]
     assert not (tmp_path / "grid" / "logs" / "r_s0.log").exists()  # never started here
+
+
+# ========================================================================== 5. the analysis checks its input
+def _edit_line(path: Path, line_no: int, **changes) -> None:
+    lines = path.read_text().splitlines()
+    record = json.loads(lines[line_no - 1])
+    record.update(changes)
+    lines[line_no - 1] = json.dumps(record)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _refusal(grid: Path, tmp_path: Path) -> str:
+    from analysis.report import make_report
+    from analysis.runs import GridLoadError, load_grid
+
+    with pytest.raises(GridLoadError) as got:
+        load_grid(grid)
+    with pytest.raises(GridLoadError):
+        make_report(grid, tmp_path / "out", tmp_path / "figs", n_boot=50, with_figures=False)
+    assert not (tmp_path / "out" / "REPORT.md").exists()
+    return str(got.value)
+
+
+def test_the_analysis_refuses_a_finished_run_with_an_emptied_metrics_file(tmp_path):
+    """Emptying the metrics.jsonl of a finished run used to change claims (a)/(b) and eight tables while
+    REPORT.md said "Data problems: None"; the loader and the report now refuse, naming the file."""
+    from test_analysis import make_grid
+
+    grid = make_grid(tmp_path / "grid", tasks=("math",), seeds=(0, 1), extras=False)
+    target = grid / "math_nonsharing_drmas_s0" / "metrics.jsonl"
+    target.write_text("")
+    assert f"{target}: no step records in a finished run" in _refusal(grid, tmp_path)
+
+
+@pytest.mark.parametrize("file, line_no, change, expect", [
+    ("metrics.jsonl", 4, {"reward/mean": "0.41"}, "line 4: reward/mean: Input should be a valid number (got '0.41')"),
+    ("metrics.jsonl", 2, {"agent/solver/grad_norm": [1.0]}, "line 2: record: 'agent/solver/grad_norm': not a number (got list)"),
+    ("metrics.jsonl", 7, {"step": 6.0}, "line 7: step: Input should be a valid integer"),
+    ("eval.jsonl", 2, {"avg": 0.99}, "line 2: record: avg = 0.99 but the successes give"),
+    ("eval.jsonl", 1, {"n_tasks": 3}, "line 1: record: 40 successes for n_tasks = 3"),
+    ("eval.jsonl", 3, {"benchmark": None}, "line 3: benchmark: Input should be a valid string"),
+])
+def test_the_analysis_refuses_records_that_break_the_schema_naming_file_and_line(tmp_path, file, line_no, change,
+                                                                                expect):
+    from test_analysis import make_grid
+
+    grid = make_grid(tmp_path / "grid", tasks=("math",), seeds=(0, 1), extras=False)
+    target = grid / "math_sharing_grpo_s1" / file
+    _edit_line(target, line_no, **change)
+    assert f"{target}, {expect}" in _refusal(grid, tmp_path)
+
+
+def test_the_step_count_is_checked_against_the_config_and_no_eval_by_design_is_not_a_problem(tmp_path):
+    """A finished run whose config asks for more steps than it recorded is refused, naming the missing steps;
+    a run made with ``train.evaluate = false`` (the mechanism sweep) has no eval.jsonl by design and is no
+    problem at all."""
+    from analysis.report import make_report
+    from analysis.runs import load_grid
+    from test_analysis import STEPS, make_grid
+
+    grid = make_grid(tmp_path / "grid", tasks=("math",), seeds=(0, 1), extras=False)
+    run = grid / "math_single_grpo_s0"
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["config"]["train"]["steps"] = STEPS + 4
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    assert f"{run / 'metrics.jsonl'}: {STEPS} of train.steps = {STEPS + 4} steps recorded (missing {STEPS}-{STEPS + 3})" \
+        in _refusal(grid, tmp_path)
+
+    manifest["config"]["train"].update(steps=STEPS, evaluate=False)
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    (run / "eval.jsonl").unlink()
+    data = load_grid(grid)
+    assert data.runs.set_index("run").loc["math_single_grpo_s0", "usable"] and not data.problems
+    text = make_report(grid, tmp_path / "out", tmp_path / "figs", n_boot=50, with_figures=False).read_text()
+    assert "None: every run is complete and every record was read." in text.split("## Data problems", 1)[1]
