@@ -155,7 +155,7 @@ class _MathSource(TaskSource):
         if "grader" not in self.__dict__:
             return {}
         stats = self.grader.stats
-        return {"grader": ToolCounts(stats.calls, stats.failures, "timeouts or math-verify workers that died")}
+        return {"grader": ToolCounts(stats.calls, stats.failures, "math-verify workers that died or could not start")}
 
 
 @register_task_source("math_generated")

@@ -30,7 +30,7 @@ tokens/{k}                           prompt + response tokens of agent k's calls
 tools/{tool}/calls                   calls of a tool during the step (tool = retrieval: queries sent to the retrieval
                                      server; grader: answers graded); logged when the task source has the tool
 tools/{tool}/failures                of those, the calls that failed after the tool's own retries (retrieval: no
-                                     answer, 5xx, malformed; grader: timeouts, dead workers): scored as 0 /
+                                     answer, 5xx, malformed; grader: workers that died or did not start): scored 0 /
                                      "search unavailable", so a step with failures has degraded rewards
 ==================================== ==========================================================================
 """

@@ -257,9 +257,10 @@ class Trainer:
         shutil.rmtree(tmp, ignore_errors=True)
         trainer_state = {"step": step, "consecutive_nonfinite": self.consecutive_nonfinite,
                          "spikes": {k: (list(d.history), d.count) for k, d in self.spikes.items()}}
+        states = self.backend.get_states()  # outside the try: a worker that died is WorkerDied, not a write error
         try:
             tmp.mkdir(parents=True)
-            for key, state in self.backend.get_states().items():
+            for key, state in states.items():
                 torch.save(state, tmp / f"worker_{key}.pt")
             atomic_write_text(tmp / "trainer.json", json.dumps(trainer_state))
             write_manifest(tmp, step=step)  # last: a folder with a manifest is complete

@@ -139,7 +139,8 @@ class GraderStats:
     errors: int = 0  # parse/comparison errors and worker failures -> 0
     too_long: int = 0  # answers longer than max_answer_chars, scored 0 without math-verify
     worker_starts: int = 0
-    failures: int = 0  # the grader failed, not the answer: timeouts, workers that died or could not start -> 0
+    failures: int = 0  # the grader failed, not the answer: workers that died or could not start -> 0 (a timeout
+    # is the answer's: a comparison no worker finishes, e.g. 10^{10^{10}}, counted in ``timeouts``)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -352,7 +353,7 @@ class MathGrader:
                         logger.warning("math-verify timed out after %.1fs on %r vs gold %r; restarting its "
                                        "worker", self.timeout_s, jobs[next_job][1][:80], jobs[next_job][0][:80])
                         results[next_job] = OUTCOME_TIMEOUT
-                        self._count(timeouts=1, failures=1)
+                        self._count(timeouts=1)
                         next_job += 1
                         self._retire(worker)
                         worker = None
