@@ -439,7 +439,10 @@ from pathlib import Path
 from drmas.locks import folder_lock
 with folder_lock(sys.argv[1], "run folder"):
     print("held", flush=True)
-    time.sleep(float(sys.argv[2]))
+    release = Path(sys.argv[2])
+    deadline = time.monotonic() + 240
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
     (Path(sys.argv[1]) / "DONE").write_text(json.dumps({"steps": 1}))
 """
 
@@ -449,15 +452,23 @@ def test_a_restarted_grid_runner_waits_for_a_run_a_live_process_holds(tmp_path):
     starts it a second time nor marks it failed (it used to, quoting the second writer's FolderLocked line);
     it waits, and once the holder finished the run, the grid is complete."""
     spec = _grid_spec(tmp_path, "train.steps=1")
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_AND_FINISH, str(tmp_path / "grid" / "r_s0"), "8"], cwd=ROOT,
-                              env=ENV, stdout=subprocess.PIPE, text=True)
+    release = tmp_path / "release"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_AND_FINISH, str(tmp_path / "grid" / "r_s0"), str(release)],
+                              cwd=ROOT, env=ENV, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        proc = subprocess.run([sys.executable, "-m", "experiments.grid", "run", str(spec), "--jobs", "1", "--device",
-                               "cpu"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+        runner = subprocess.Popen([sys.executable, "-m", "experiments.grid", "run", str(spec), "--jobs", "1", "--device",
+                                   "cpu"], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        lines = []
+        for line in runner.stderr:  # the holder finishes the run once the runner has seen it held
+            lines.append(line)
+            if "is being run by" in line:
+                release.touch()
+        runner.wait(timeout=300)
     finally:
         holder.kill()
         holder.wait()
+    proc = subprocess.CompletedProcess(runner.args, runner.returncode, "", "".join(lines))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"r_s0 is being run by pid {holder.pid} on host" in proc.stderr
     assert "was completed by the process that held it" in proc.stderr
