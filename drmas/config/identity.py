@@ -30,7 +30,6 @@ import itertools
 import json
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
 from drmas.config.errors import ConfigError
