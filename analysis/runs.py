@@ -39,7 +39,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from analysis.schema import record_problems, step_count_problems
+from analysis.schema import degraded_note, record_problems, step_count_problems
 from drmas.io import JsonlDamaged, read_jsonl_lines
 
 logger = logging.getLogger(__name__)
@@ -274,6 +274,8 @@ def load_grid(path: str | Path) -> GridData:
         if evals:
             row["last_eval_step"] = float(max(int(e["step"]) for e in evals))
         assign_rows += _assignment_rows(run, manifest)
+        if note := degraded_note(run, records, raw_evals):
+            problems.append(note)  # usable, but REPORT.md says where its rewards count tool failures
         evaluates = (config.get("train") or {}).get("evaluate", True) is not False  # false: no eval.jsonl by design
         if row["status"] != "done":
             row["problem"] = row["problem"] or f"status {row['status']}"

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
@@ -133,3 +134,22 @@ def step_count_problems(run_dir: Path, config: dict[str, Any], steps_recorded: l
             if step not in eval_steps:
                 out.append(f"{evals}: no evaluation at step {step} in a finished run that evaluates")
     return out
+
+
+def degraded_note(run: str, records: list[dict[str, Any]], evals: list[dict[str, Any]]) -> str | None:
+    """A line for REPORT.md's "Data problems" when a run's steps or evaluations had tool failures below
+    ``train.max_tool_failure_rate`` (``tools/{tool}/failures``, ``tool_failures``): its rewards there count
+    those calls as failed answers. None when there were none."""
+    failures: Counter[str] = Counter()
+    n_steps = 0
+    for r in records:
+        failed = {k.split("/")[1]: int(v) for k, v in r.items() if k.startswith("tools/") and k.endswith("/failures")
+                  and isinstance(v, (int, float)) and v > 0}
+        n_steps += bool(failed)
+        failures.update(failed)
+    n_evals = sum(bool(e.get("tool_failures")) for e in evals)
+    if not n_steps and not n_evals:
+        return None
+    counts = ", ".join(f"{tool} {n}" for tool, n in sorted(failures.items()))
+    return (f"{run}: degraded: tool calls failed in {n_steps} step(s) ({counts or 'none'}) and {n_evals} evaluation "
+            "record(s), below train.max_tool_failure_rate; those rewards count the failed calls as failures")

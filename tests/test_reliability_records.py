@@ -549,3 +549,18 @@ def test_the_step_count_is_checked_against_the_config_and_no_eval_by_design_is_n
     assert data.runs.set_index("run").loc["math_single_grpo_s0", "usable"] and not data.problems
     text = make_report(grid, tmp_path / "out", tmp_path / "figs", n_boot=50, with_figures=False).read_text()
     assert "None: every run is complete and every record was read." in text.split("## Data problems", 1)[1]
+
+
+def test_steps_with_tool_failures_below_the_threshold_are_marked_degraded_in_the_report(tmp_path):
+    """A run that went on with a few failed retrieval calls (below train.max_tool_failure_rate) is usable,
+    and REPORT.md's "Data problems" says which of its steps were degraded."""
+    from analysis.report import make_report
+    from test_analysis import make_grid
+
+    grid = make_grid(tmp_path / "grid", tasks=("math",), seeds=(0, 1), extras=False)
+    target = grid / "math_sharing_drmas_s0" / "metrics.jsonl"
+    _edit_line(target, 3, **{"tools/grader/calls": 64, "tools/grader/failures": 2})
+    _edit_line(target, 5, **{"tools/grader/calls": 64, "tools/grader/failures": 1})
+    text = make_report(grid, tmp_path / "out", tmp_path / "figs", n_boot=50, with_figures=False).read_text()
+    assert ("math_sharing_drmas_s0: degraded: tool calls failed in 2 step(s) (grader 3) and 0 evaluation record(s)"
+            in text.split("## Data problems", 1)[1])
