@@ -19,7 +19,9 @@ assignment  (run, agent): model (worker group), preset (tiny / nano / small, fro
 
 Robustness: JSONL files are read by :mod:`drmas.io`'s rule: a torn last line (a killed run) is dropped and
 listed in ``GridData.dropped`` (REPORT.md's "Data problems"), as are duplicate step/eval records (the last
-is used); damage anywhere else makes :func:`load_grid` refuse with every damaged file and line. A run folder
+is used); damage anywhere else makes :func:`load_grid` refuse with every damaged file and line, and so does a
+record that breaks the schema of :mod:`analysis.schema` (types, required keys; a finished run's step count against
+its config). A run with ``train.evaluate = false`` has no ``eval.jsonl`` by design and is usable. A run folder
 that is missing, a run that is not ``done`` or has no final eval is kept in ``runs`` with ``usable = False`` and a ``problem`` message, and is left
 out of :func:`final_evals` (tables compare finished runs only). Without ``index.json`` the run folders are
 discovered and tagged from their manifests (:func:`tags_from_manifest`).
@@ -37,6 +39,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
+from analysis.schema import degraded_note, record_problems, step_count_problems
 from drmas.io import JsonlDamaged, read_jsonl_lines
 
 logger = logging.getLogger(__name__)
@@ -212,6 +215,7 @@ def load_grid(path: str | Path) -> GridData:
     run_rows, step_frames, eval_rows, assign_rows, problems = [], [], [], [], []
     dropped: list[str] = []
     damaged: list[str] = []
+    invalid: list[str] = []  # schema and step-count problems (analysis.schema)
     for entry in entries:
         run = entry.get("run")
         if not run:
@@ -238,6 +242,15 @@ def load_grid(path: str | Path) -> GridData:
         except JsonlDamaged as exc:  # refuse below, after every damaged file is known
             damaged.append(str(exc).split(": not a JSON record")[0] + ": not a JSON record")
             continue
+        manifest = _read_json(run_dir / "manifest.json") or {}
+        config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+        bad = [p for f in ("metrics.jsonl", "eval.jsonl") if (run_dir / f).exists() for p in record_problems(run_dir / f)]
+        if not bad and row["status"] == "done":
+            bad = step_count_problems(run_dir, config, [r["step"] for r in records],
+                                      [e["step"] for e in raw_evals])
+        if bad:  # refuse below (docs/reliability.md §7), after every run's problems are known
+            invalid += bad
+            continue
         for what, recs, keys in (("metrics.jsonl", records, ("step",)), ("eval.jsonl", raw_evals, ("step", "benchmark"))):
             if dups := _duplicates(recs, keys):
                 dropped.append(f"{run_dir / what}: {len(dups)} {'/'.join(keys)} value(s) recorded more than once "
@@ -260,10 +273,13 @@ def load_grid(path: str | Path) -> GridData:
                               "k": int(e.get("k", 0)), "n_tasks": int(e.get("n_tasks", len(succ))), "successes": succ})
         if evals:
             row["last_eval_step"] = float(max(int(e["step"]) for e in evals))
-        assign_rows += _assignment_rows(run, _read_json(run_dir / "manifest.json"))
+        assign_rows += _assignment_rows(run, manifest)
+        if note := degraded_note(run, records, raw_evals):
+            problems.append(note)  # usable, but REPORT.md says where its rewards count tool failures
+        evaluates = (config.get("train") or {}).get("evaluate", True) is not False  # false: no eval.jsonl by design
         if row["status"] != "done":
             row["problem"] = row["problem"] or f"status {row['status']}"
-        elif not evals:
+        elif not evals and evaluates:
             row["problem"] = "no eval.jsonl records"
         elif records and row["last_eval_step"] < row["last_step"]:
             row["problem"] = f"last eval at step {row['last_eval_step']:.0f} < last step {row['last_step']:.0f}"
@@ -272,6 +288,11 @@ def load_grid(path: str | Path) -> GridData:
     if damaged:
         raise GridLoadError(f"{len(damaged)} damaged JSONL file(s) (a line before the last is not a JSON record, so "
                             "dropping it would silently change the tables): " + "; ".join(damaged)
+                            + ". Restore these files, or delete or rerun the runs")
+    if invalid:
+        raise GridLoadError(f"{len(invalid)} problem(s) in the records of {root} (the tables and verdicts built from "
+                            "them would silently mean something else): " + "; ".join(invalid[:20])
+                            + (f"; ... ({len(invalid) - 20} more)" if len(invalid) > 20 else "")
                             + ". Restore these files, or delete or rerun the runs")
     runs = pd.DataFrame(run_rows, columns=RUN_COLUMNS)
     runs["seed"] = pd.to_numeric(runs["seed"], errors="coerce").fillna(0).astype(int)

@@ -74,6 +74,39 @@ def verify_checkpoint(folder: str | Path) -> dict[str, Any]:
     return manifest
 
 
+_VERIFIED: set[tuple[str, float]] = set()  # (folder, manifest mtime) verified by this process
+
+
+def verify_artifact(path: str | Path, key: str, required: bool = True) -> dict[str, Any] | None:
+    """Verify a folder a run loads (a base checkpoint, a tokenizer) against its manifest before it is used;
+    ``key`` names it in messages (``models.solver_model.path``). A name that is not a local folder (a hub
+    id) is the hub's to verify and is skipped. A folder without a manifest raises :class:`CheckpointDamaged`
+    when ``required`` (``train.verify_artifacts``), else is used with a warning. Each folder is hashed once
+    per process (while its manifest is unchanged)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return None
+    manifest_file = folder / MANIFEST_NAME
+    if not manifest_file.is_file():
+        if required:
+            raise CheckpointDamaged(f"{key}={folder} has no {MANIFEST_NAME}, so its files cannot be verified; "
+                                    "rebuild it (delete the folder: the SFT warm-up writes it again with a manifest), "
+                                    f"write one if you trust the files (python -c \"from drmas.checkpoints import "
+                                    f"write_manifest; write_manifest('{folder}')\"), or set "
+                                    "train.verify_artifacts=false")
+        logger.warning("%s=%s has no %s: loaded unverified (train.verify_artifacts=false)", key, folder, MANIFEST_NAME)
+        return None
+    stamp = (str(folder.resolve()), manifest_file.stat().st_mtime)
+    if stamp in _VERIFIED:
+        return read_manifest(folder)
+    try:
+        manifest = verify_checkpoint(folder)
+    except CheckpointDamaged as exc:
+        raise CheckpointDamaged(f"{key}: {exc}") from None
+    _VERIFIED.add(stamp)
+    return manifest
+
+
 # ------------------------------------------------------------------------------ base checkpoints
 def build_record(preset: str, roles: list[str], sft_block: dict[str, Any],
                  traces: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -96,18 +129,15 @@ def _changed(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [f"{prefix[:-1]} ({old!r} -> {new!r})"]
 
 
-def check_base_checkpoint(path: str | Path, expected: dict[str, Any], key: str) -> None:
+def check_base_checkpoint(path: str | Path, expected: dict[str, Any], key: str, required: bool = True) -> None:
     """Verify the base checkpoint at ``path`` (files and build record) for model ``key``.
 
-    A checkpoint without a manifest (built before manifests existed) is used with a warning; one whose
-    files are damaged raises :class:`CheckpointDamaged`; one built from another ``sft`` block raises
-    :class:`CheckpointMismatch` naming the changed keys."""
-    manifest = read_manifest(path)
+    A checkpoint without a manifest is refused (:func:`verify_artifact`; with ``required`` false, used with a
+    warning); one whose files are damaged raises :class:`CheckpointDamaged`; one built from another ``sft``
+    block raises :class:`CheckpointMismatch` naming the changed keys."""
+    manifest = verify_artifact(path, f"models.{key}.path", required)
     if manifest is None:
-        logger.warning("models.%s.path=%s has no %s (built before build records): its sft block cannot be checked",
-                       key, path, MANIFEST_NAME)
         return
-    verify_checkpoint(path)
     built = manifest.get("built_by")
     if not built:
         logger.warning("models.%s.path=%s records no build config: its sft block cannot be checked", key, path)

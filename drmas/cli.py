@@ -15,13 +15,16 @@ from contextlib import nullcontext
 
 from drmas.checkpoints import CheckpointDamaged, CheckpointMismatch
 from drmas.config import ConfigError, load_config
-from drmas.io import JsonlDamaged
+from drmas.config.identity import STALE_POLICIES, ConfigDrift, check_run_folder
+from drmas.io import JsonlDamaged, WriteFailed
 from drmas.locks import FolderLocked, folder_lock
 from drmas.preflight import check_before_work
 from drmas.shutdown import children_end_with_me
+from drmas.tasks import ToolFailure, ToolUnavailable
 
 EXIT_CODES: dict[type[Exception], int] = {ConfigError: 2, FolderLocked: 1, CheckpointDamaged: 1, CheckpointMismatch: 1,
-                                          JsonlDamaged: 1}
+                                          JsonlDamaged: 1, WriteFailed: 1, ConfigDrift: 2,
+                                          ToolUnavailable: 1, ToolFailure: 1}
 """Errors reported as one ``drmas: message`` line (no traceback), with their exit codes."""
 
 
@@ -42,12 +45,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         torch.set_num_threads(cfg.train.threads)
     _log_device(cfg.train.device, cfg.train.precision)
     with nullcontext() if args.sft_only else folder_lock(cfg.run_dir, "run folder"):  # before any work
+        if not args.sft_only and args.stale != "keep":  # keep: the trainer records the changes it continues with
+            check_run_folder(cfg, args.stale)  # a folder made with another config: before the warm-up too
         sft = warmup(cfg, progress=not args.no_progress)
         if sft:
             print(json.dumps({"sft": sft}, default=float))
         if args.sft_only:
             return 0
-        trainer = Trainer(cfg)
+        trainer = Trainer(cfg, stale="keep" if args.stale == "keep" else "error")  # rerun: already moved aside
         try:
             trainer.train(progress=not args.no_progress)
         finally:
@@ -76,6 +81,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     _log_device(cfg.train.device, cfg.train.precision)
     trainer = Trainer(cfg)
     try:
+        trainer.source.check_tools()
         step = trainer.load_checkpoint()
         if step == 0:
             print(f"drmas: {args.run_dir} has no checkpoint yet; evaluating the initial models", file=sys.stderr)
@@ -101,7 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("config")
         p.add_argument("overrides", nargs="*", help="key.sub=value")
         p.add_argument("--no-progress", action="store_true")
-        p.set_defaults(func=cmd_train, sft_only=name == "sft")
+        if name == "train":
+            p.add_argument("--stale", choices=STALE_POLICIES, default="error",
+                           help="a run folder made with another config: stop and list the keys (error), move its "
+                                "files aside to <name>.stale-<k> and start afresh (rerun), or continue it (keep)")
+        p.set_defaults(func=cmd_train, sft_only=name == "sft", stale="error")
     p = sub.add_parser("eval", help="evaluate a run's latest checkpoint")
     p.add_argument("run_dir")
     p.add_argument("overrides", nargs="*")

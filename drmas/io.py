@@ -33,6 +33,36 @@ from typing import Any, Iterator, Literal
 logger = logging.getLogger(__name__)
 
 
+class WriteFailed(OSError):
+    """A write did not complete (full disk, quota, I/O error); the message names the path and the cause, and
+    says what was kept (the file as it was before the write). ``errno`` is the failed call's."""
+
+    def __init__(self, message: str, errno: int | None = None):
+        super().__init__(message)
+        self.errno = errno
+
+
+def _cause(exc: BaseException) -> str:
+    """``No space left on device`` (the errno's text) rather than ``[Errno 28] ...: 'path'``."""
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0] if str(exc) else \
+        type(exc).__name__
+
+
+def write_all(fd: int, data: bytes, path: str | Path) -> None:
+    """``os.write`` until every byte of ``data`` is written (a write may write fewer bytes than asked); a
+    write that makes no progress, or fails, raises :class:`WriteFailed` naming ``path`` and the cause."""
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except OSError as exc:
+            raise WriteFailed(f"{path}: {len(view)} of {len(data)} bytes could not be written "
+                              f"({_cause(exc)})", exc.errno) from exc
+        if n <= 0:
+            raise WriteFailed(f"{path}: write made no progress with {len(view)} of {len(data)} bytes left")
+        view = view[n:]
+
+
 class JsonlDamaged(ValueError):
     """A JSONL file is damaged somewhere other than a torn last line (the message names file and line)."""
 
@@ -92,13 +122,27 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 
 def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
-    """Append one JSON line with a single ``write(2)`` on an ``O_APPEND`` descriptor and fsync it: a kill
-    leaves at most a torn last line, and concurrent appenders never interleave within a line."""
+    """Append one JSON line with one ``write(2)`` on an ``O_APPEND`` descriptor (more only if the kernel
+    writes fewer bytes, :func:`write_all`) and fsync it: a kill leaves at most a torn last line, and
+    concurrent appenders never interleave within a line. A write that fails (a full disk) cuts the file back
+    to its size before the append, so it holds complete records only, and raises :class:`WriteFailed`
+    naming the path and the cause."""
     data = (json.dumps(record, default=float, allow_nan=True) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, data)
-        os.fsync(fd)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise WriteFailed(f"{path}: cannot be opened for appending ({_cause(exc)})", exc.errno) from exc
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            write_all(fd, data, path)
+            os.fsync(fd)
+        except OSError as exc:
+            os.ftruncate(fd, size)  # no half record stays behind
+            if isinstance(exc, WriteFailed):
+                raise WriteFailed(f"{exc}; the file keeps its {size} bytes of complete records", exc.errno) from exc
+            raise WriteFailed(f"{path}: fsync failed ({_cause(exc)}); the file keeps its {size} "
+                              "bytes of complete records", exc.errno) from exc
     finally:
         os.close(fd)
 
@@ -113,7 +157,8 @@ def write_jsonl(path: str | Path, records: list[dict[str, Any]] | list[str]) -> 
 def atomic_output(path: str | Path) -> Iterator[Path]:
     """Yield a unique temporary path in ``path``'s folder for the caller to write (any writer: text,
     ``savefig``, ``torch.save``); on success it is fsynced, made world-readable (0644) and renamed over
-    ``path``; on an exception it is removed and ``path`` is untouched."""
+    ``path``; on an exception it is removed and ``path`` is untouched. An ``OSError`` (a full disk) while
+    writing, fsyncing or renaming becomes :class:`WriteFailed` naming ``path`` and the cause."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -125,6 +170,10 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o644)  # mkstemp creates 0600
         os.replace(tmp, path)
+    except OSError as exc:
+        what = str(exc) if isinstance(exc, WriteFailed) else f"{path}: could not be written ({_cause(exc)})"
+        kept = "the previous file is unchanged" if path.exists() else "nothing was written"
+        raise WriteFailed(f"{what}; {kept}", exc.errno) from exc
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -161,7 +210,11 @@ def atomic_folder(path: str | Path, if_exists: Literal["replace", "keep"] = "rep
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (:func:`atomic_output`)."""
     with atomic_output(path) as tmp:
-        tmp.write_bytes(data)
+        fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC)
+        try:
+            write_all(fd, data, path)
+        finally:
+            os.close(fd)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

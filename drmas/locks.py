@@ -84,3 +84,20 @@ def folder_lock(folder: str | Path, what: str) -> Iterator[None]:
         _HELD.discard(key)
         (folder / HOLDER_NAME).unlink(missing_ok=True)
         lock.release()
+
+
+def live_holder(folder: str | Path) -> dict | None:
+    """The holder record of a live process holding ``folder``'s lock (``{"pid": P}`` when it has not recorded
+    itself yet), or None when the folder is free (a stale lock of a dead holder counts as free and is taken
+    over and released). For a supervisor that must not start a second writer on a folder, nor take a run
+    held by a live process for a failed one."""
+    folder = Path(folder)
+    if not (folder / LOCK_NAME).exists() or folder.resolve() in _HELD:
+        return None
+    lock = filelock.SoftFileLock(str(folder / LOCK_NAME), timeout=0)
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        return _holder(folder) or {"pid": lock.pid}
+    lock.release()
+    return None

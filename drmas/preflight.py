@@ -40,6 +40,95 @@ def writes_of(cfg: RunConfig, train: bool) -> dict[str, str]:
     return out
 
 
+ROW_BYTES = 512
+"""Lower bound of the memory one agent call of one trajectory holds in a rollout (its step-table row: the
+prompt and response token ids, the response text, per-row arrays): CPython lists of a few dozen ints and a
+string already take more. A lower bound, so an estimate above the limit is a run that cannot fit."""
+TRACE_BYTES = 512
+"""Lower bound of one SFT trace record in memory (a task, a context and a target text)."""
+STEP_RECORD_BYTES = 400
+"""Lower bound of one ``metrics.jsonl`` line (every step logs reward, score, per-agent and timing keys)."""
+MEMORY_SHARE = 0.5
+"""A batch may hold at most this share of the memory available when the run starts (psutil)."""
+
+
+def _bytes(n: float) -> str:
+    return f"{n / 2**30:.3g} GiB" if n >= 2**30 else f"{n / 2**20:.3g} MiB"
+
+
+def _context_length(cfg: RunConfig, key: str) -> int | None:
+    """The longest prompt + response model ``key`` is made for: its preset's ``max_position_embeddings``, or
+    the checkpoint's ``config.json`` (None: unknown, e.g. a hub id not downloaded)."""
+    import json
+
+    from drmas.models.factory import MODEL_PRESETS
+
+    m = cfg.models[key]
+    if m.preset in MODEL_PRESETS:
+        return MODEL_PRESETS[m.preset].max_position_embeddings
+    try:
+        return int(json.loads((Path(m.path) / "config.json").read_text())["max_position_embeddings"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def size_problems(cfg: RunConfig, train: bool = True, available: int | None = None,
+                  free_disk: int | None = None) -> list[str]:
+    """Sizes that cannot fit, each a line naming the keys, the estimate and the limit (docs/reliability.md §7):
+
+    - rollout:    batch_tasks x group_size x agents x ROW_BYTES     <= MEMORY_SHARE x available memory
+    - evaluation: eval_tasks x eval_samples x benchmarks x agents x ROW_BYTES (same limit; benchmarks: the
+      number of ``env.args.test`` files, else 1)
+    - SFT traces: sft.traces x TRACE_BYTES                          <= MEMORY_SHARE x available memory
+    - records:    train.steps x STEP_RECORD_BYTES                   <= free disk space of out_dir
+    - every agent's max_new_tokens (and rollout.max_prompt_tokens)  <= its model's context length
+
+    Every estimate is a lower bound (responses may stop early, prompts grow with the history), so a run
+    refused here cannot fit; one accepted may still need more."""
+    import shutil
+
+    import psutil
+
+    available = psutil.virtual_memory().available if available is None else available
+    limit = MEMORY_SHARE * available
+    agents = max(1, len(cfg.agents))
+    t = cfg.train
+    out = []
+
+    def memory(keys: str, estimate: float, formula: str) -> None:
+        if estimate > limit:
+            out.append(f"  {keys}: {formula} = {_bytes(estimate)} (estimate, a lower bound) in memory; the limit is "
+                       f"{MEMORY_SHARE:g} x the {_bytes(available)} available = {_bytes(limit)}; fix: lower them")
+
+    if train:
+        memory("train.batch_tasks, train.group_size", t.batch_tasks * t.group_size * agents * ROW_BYTES,
+               f"{t.batch_tasks} tasks x {t.group_size} trajectories x {agents} agents x {ROW_BYTES} B")
+        if t.evaluate:
+            tests = cfg.env.args.get("test")
+            sets = len(tests) if isinstance(tests, dict) and tests else 1
+            memory("train.eval_tasks, train.eval_samples", t.eval_tasks * t.eval_samples * sets * agents * ROW_BYTES,
+                   f"{t.eval_tasks} tasks x {t.eval_samples} samples x {sets} benchmark(s) x {agents} agents x "
+                   f"{ROW_BYTES} B")
+        if free_disk is None:
+            probe = Path(cfg.out_dir).absolute()
+            while not probe.exists():
+                probe = probe.parent
+            free_disk = shutil.disk_usage(probe).free
+        if t.steps * STEP_RECORD_BYTES > free_disk:
+            out.append(f"  train.steps: {t.steps} steps x {STEP_RECORD_BYTES} B of metrics records = "
+                       f"{_bytes(t.steps * STEP_RECORD_BYTES)} (estimate, a lower bound); the limit is the "
+                       f"{_bytes(free_disk)} free in {cfg.out_dir}; fix: lower train.steps or free space")
+    memory("sft.traces", cfg.sft.traces * TRACE_BYTES, f"{cfg.sft.traces} traces x {TRACE_BYTES} B")
+    for i, a in enumerate(cfg.agents):
+        context = _context_length(cfg, a.model) if a.model in cfg.models else None
+        prompt = cfg.models[a.model].rollout.max_prompt_tokens if a.model in cfg.models else None
+        if context and a.sampling.max_new_tokens + (prompt or 0) > context:
+            what = f"max_new_tokens={a.sampling.max_new_tokens}" + (f" + max_prompt_tokens={prompt}" if prompt else "")
+            out.append(f"  agents[{i}].sampling.max_new_tokens: {what} exceeds the context length {context} of model "
+                       f"{a.model!r} (the limit); fix: lower it")
+    return out
+
+
 def check_before_work(cfg: RunConfig, train: bool = True) -> None:
     """Raise one :class:`ConfigError` listing every problem found (one line per key), else return."""
     from drmas.orchestra import ORCHESTRA_REGISTRY
@@ -49,6 +138,7 @@ def check_before_work(cfg: RunConfig, train: bool = True) -> None:
         slots = list(getattr(ORCHESTRA_REGISTRY.get(cfg.env.orchestra), "slots", None) or [])
         problems.append(f"  agents: empty; env.orchestra={cfg.env.orchestra!r} needs one agent per slot {slots}; fix: "
                         "add them (see experiments/configs/cpu/*.yaml)")
+    problems += size_problems(cfg, train)
     for key, folder in writes_of(cfg, train).items():
         if (why := unwritable(folder)) is not None:
             problems.append(f"  {key} = {folder!r}: not writable: {why}; fix: choose a folder you can write")

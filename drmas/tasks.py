@@ -16,6 +16,7 @@ import abc
 import inspect
 import json
 import logging
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
@@ -69,6 +70,50 @@ class TaskSource(abc.ABC):
     def close(self) -> None:
         """Release tools (grader worker processes, ...)."""
 
+    def tool_counts(self) -> dict[str, ToolCounts]:
+        """Counters of the tools the environments call (``retrieval``, ``grader``) since they were built; the
+        trainer logs their increments per step (``tools/{tool}/calls``, ``tools/{tool}/failures``) and stops
+        a run whose failures pass ``train.max_tool_failure_rate``. Tools not built yet are absent."""
+        return {}
+
+    def check_tools(self) -> None:
+        """Reach every external service the source's environments need (a retrieval server) and raise
+        :class:`ToolUnavailable` naming it when one does not answer; called before step 0."""
+
+
+@dataclass(frozen=True)
+class ToolCounts:
+    """Calls of one tool and how many of them failed (after the tool's own retries), with the last error."""
+
+    calls: int
+    failures: int
+    last_error: str = ""
+
+
+class ToolUnavailable(RuntimeError):
+    """An external service a run needs does not answer (the message names it and the config key)."""
+
+
+class ToolFailure(RuntimeError):
+    """A step's (or an evaluation's) tool failures passed ``train.max_tool_failure_rate``: its rewards would
+    be failures of the tool, not of the policy. Nothing of that step is recorded or learnt from."""
+
+
+def _client_counts(retriever: Any) -> dict[str, ToolCounts]:
+    """``retrieval`` counts of an HTTP retrieval client (the in-process index does not fail on its own)."""
+    if not hasattr(retriever, "failures"):
+        return {}
+    return {"retrieval": ToolCounts(retriever.calls, retriever.failures, retriever.last_error)}
+
+
+def _check_client(retriever: Any) -> None:
+    if hasattr(retriever, "check"):
+        try:
+            retriever.check()
+        except ConnectionError as exc:
+            raise ToolUnavailable(f"env.args.server_url: {exc}; start the server (python -m envs.search.server "
+                                  "--corpus ...) or fix the URL; nothing was trained") from None
+
 
 TASK_SOURCES: Registry[Callable[..., TaskSource]] = Registry("task source (env.name)")
 register_task_source = TASK_SOURCES.register  # class decorator
@@ -105,6 +150,12 @@ class _MathSource(TaskSource):
     def close(self) -> None:
         if "grader" in self.__dict__:  # only if it was ever built
             self.grader.close()
+
+    def tool_counts(self) -> dict[str, ToolCounts]:
+        if "grader" not in self.__dict__:
+            return {}
+        stats = self.grader.stats
+        return {"grader": ToolCounts(stats.calls, stats.failures, "math-verify workers that died or could not start")}
 
 
 @register_task_source("math_generated")
@@ -208,6 +259,13 @@ class SearchGenerated(TaskSource):
 
         return build_retriever(self.kb.corpus(), backend=self.backend)
 
+    def tool_counts(self) -> dict[str, ToolCounts]:
+        return _client_counts(self.__dict__.get("retriever"))
+
+    def check_tools(self) -> None:
+        if self.server_url:
+            _check_client(self.retriever)
+
     def train_tasks(self, step: int, n: int, seed: int) -> list[Task]:
         rng = np.random.default_rng(_step_seed(seed, step))
         return [self.train[i] for i in rng.choice(len(self.train), size=n, replace=False)]
@@ -276,6 +334,12 @@ class SearchDataset(TaskSource):
         from envs.search.client import RetrievalClient
 
         return RetrievalClient(self.server_url, topk=self.topk)
+
+    def tool_counts(self) -> dict[str, ToolCounts]:
+        return _client_counts(self.__dict__.get("retriever"))
+
+    def check_tools(self) -> None:
+        _check_client(self.retriever)
 
     def train_tasks(self, step: int, n: int, seed: int) -> list[Task]:
         rng = np.random.default_rng(_step_seed(seed, step))

@@ -35,6 +35,7 @@ import itertools
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -44,12 +45,12 @@ from typing import Any
 
 import yaml
 
+from drmas.config.identity import STALE_POLICIES  # one list for drmas train and the grid
 from drmas.io import atomic_write_json
-from drmas.locks import FolderLocked, folder_lock
+from drmas.locks import FolderLocked, describe_holder, folder_lock, live_holder
 from drmas.shutdown import children_end_with_me
 
 logger = logging.getLogger("experiments.grid")
-STALE_POLICIES = ("error", "rerun", "keep")
 DEVICES = ("auto", "cpu", "cuda")
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -73,8 +74,10 @@ class Run:
         return [f"name={self.name}", f"out_dir={out_dir}", f"train.seed={self.seed}", *self.overrides]
 
     def command(self, out_dir: Path, device: str = "auto") -> list[str]:
+        """``drmas train`` of the run. ``--stale keep``: the runner has compared the folder's config already,
+        more strictly (:func:`set_aside_stale`: only ``train.device`` is left out), before it starts a run."""
         return [sys.executable, "-m", "drmas.cli", "train", self.config, *self.train_overrides(out_dir),
-                *device_overrides(device), "--no-progress"]
+                *device_overrides(device), "--no-progress", "--stale", "keep"]
 
 
 @dataclass
@@ -236,21 +239,13 @@ def _comparable(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def _changed_keys(saved: Any, current: Any, prefix: str = "") -> list[str]:
-    if isinstance(saved, dict) and isinstance(current, dict):
-        return [k for key in sorted(set(saved) | set(current), key=str)
-                for k in _changed_keys(saved.get(key), current.get(key), f"{prefix}{key}.")]
-    if isinstance(saved, list) and isinstance(current, list) and len(saved) == len(current):
-        return [k for i, (a, b) in enumerate(zip(saved, current)) for k in _changed_keys(a, b, f"{prefix}{i}.")]
-    return [] if saved == current else [prefix.rstrip(".")]
-
-
 def config_changes(run: Run, out_dir: Path) -> list[str]:
     """The config keys whose value in the run folder's ``config.yaml`` differs from the config the grid would
     run now (empty when they agree or the folder has no config yet). A run made with another config is not
     a result of this grid: it must not be skipped as complete, nor resumed. The saved config is validated
     again first, so fields added to the schema since (at their defaults) do not count as changes."""
     from drmas.config import ConfigError, dump_config, load_config
+    from drmas.config.identity import changed_keys
 
     saved_file = out_dir / run.name / "config.yaml"
     if not saved_file.exists():
@@ -260,7 +255,7 @@ def config_changes(run: Run, out_dir: Path) -> list[str]:
         saved = yaml.safe_load(dump_config(load_config(saved_file, [])))
     except ConfigError as exc:
         return [f"(its config.yaml no longer loads: {str(exc).splitlines()[-1].strip()})"]
-    return _changed_keys(_comparable(saved), _comparable(current))
+    return [key for key, _, _ in changed_keys(_comparable(saved), _comparable(current))]
 
 
 def set_aside_stale(grid: Grid, runs: list[Run], stale: str) -> None:
@@ -311,8 +306,25 @@ class LocalLauncher:
 
     @staticmethod
     def start(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
-        """``cmd`` in the repository root, its output appended to ``log``, ``env`` added to this environment."""
-        return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=log.open("a"), stderr=subprocess.STDOUT)
+        """``cmd`` in the repository root, its output appended to ``log``, ``env`` added to this environment.
+        The child gets SIGTERM when the runner dies, even by SIGKILL (:func:`die_with_parent`), and ends its
+        own children in turn (``drmas.shutdown``): no run goes on as an orphan."""
+        return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=log.open("a"), stderr=subprocess.STDOUT,
+                                preexec_fn=functools.partial(die_with_parent, os.getpid()))
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
+    """In a child between fork and exec: have the kernel send ``sig`` when the parent dies (Linux
+    ``prctl(PR_SET_PDEATHSIG)``; elsewhere nothing), and send it now if the parent is gone already."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    if os.getppid() != parent:  # the runner died before prctl took effect
+        os.kill(os.getpid(), sig)
 
 
 def _run_logged(cmd: list[str], cwd: str, log: str, env: dict[str, str]) -> int:
@@ -460,8 +472,16 @@ def _run_grid(grid: Grid, jobs: int | str = 2, only: str | None = None, dry_run:
     running: list[tuple[Run, Any, float, Path]] = []
     gpu_of: dict[str, int] = {}  # run name -> GPU index (machines with several GPUs)
     queue = list(todo)
+    held: list[Run] = []  # runs whose folder a live process holds (a runner before this one left it running)
     t_start = time.perf_counter()
-    while queue or running:
+    while queue or running or held:
+        for run in list(held):  # once its holder is gone, the run is complete or goes back to the queue
+            if live_holder(grid.out_dir / run.name) is None:
+                held.remove(run)
+                if run_status(grid.out_dir / run.name) == "done":
+                    logger.info("[grid] %s was completed by the process that held it", run.name)
+                else:
+                    queue.insert(0, run)
         for item in list(warming):
             config, log, proc = item
             if proc.poll() is not None:
@@ -478,6 +498,11 @@ def _run_grid(grid: Grid, jobs: int | str = 2, only: str | None = None, dry_run:
                                        "config to the grid's `sft` list or fix the model paths")
                 break
             queue.remove(ready)
+            if (holder := live_holder(grid.out_dir / ready.name)) is not None:
+                held.append(ready)
+                logger.warning("[grid] %s is being run by %s; waiting for it (not started twice, not failed)",
+                               ready.name, describe_holder(holder))
+                continue
             log = grid.out_dir / "logs" / f"{ready.name}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
             lane_env = {"PYTHONHASHSEED": "0"}

@@ -267,6 +267,10 @@ class TrainConfig(Strict):
                                           "top_p, top_k of every agent during evaluation (max_new_tokens stays the agent's)")
     save_every: int = Field(25, ge=0, description="checkpoint every N steps (0 = only at the end)")
     max_nonfinite_skips: PositiveInt = Field(3, description="stop after this many consecutive non-finite steps")
+    max_tool_failure_rate: float = Field(
+        0.1, ge=0, le=1, description="stop the run when more than this share of a step's (or an evaluation's) tool "
+                                     "calls (retrieval queries, grader comparisons) failed after the tool's own retries "
+                                     "(docs/reliability.md §7); 1 = never stop")
     backend: str = Field(
         "local", description="registered backend (drmas.workers.catalog.BACKENDS): local: in-process (CPU default); "
                              "ray: one Ray actor per worker group; openrlhf: DeepSpeed actor groups + vLLM engines in "
@@ -280,6 +284,10 @@ class TrainConfig(Strict):
 
     threads: int = Field(1, ge=0, description="torch threads per process (0 = leave as is); on 2 shared cores "
                          "1 thread was measured 10-27x faster than 2 under load")
+    verify_artifacts: bool = Field(
+        True, description="check every folder a run loads (base checkpoints, tokenizers, the run's checkpoints) "
+                          "against its manifest.sha256.json first; false: a folder without a manifest is used with a "
+                          "warning (a damaged file is refused either way)")
     keep_previous_checkpoint: bool = Field(
         False, description="keep the checkpoint before the latest (checkpoints/latest.old): a resume that finds "
                            "`latest` damaged falls back to it (twice the checkpoint disk space)")

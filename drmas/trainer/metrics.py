@@ -33,6 +33,11 @@ wg/{m}/loss, clip_frac, entropy,     policy loss terms (mean over mini-batches);
 timing/rollout, rewards, advantages,  seconds per phase; timing/step = their sum; timing/generate/{m}: generation
   update, step                       seconds per model
 tokens/{k}                           prompt + response tokens of agent k's calls (cost accounting)
+tools/{tool}/calls                   calls of a tool during the step (tool = retrieval: queries sent to the retrieval
+                                     server; grader: answers graded); logged when the task source has the tool
+tools/{tool}/failures                of those, the calls that failed after the tool's own retries (retrieval: no
+                                     answer, 5xx, malformed; grader: workers that died or did not start): scored 0 /
+                                     "search unavailable", so a step with failures has degraded rewards
 ==================================== ==========================================================================
 """
 from __future__ import annotations
@@ -156,6 +161,12 @@ def evaluation_metrics(traj_reward: np.ndarray, k: int) -> dict[str, Any]:
     per_task = success.sum(1)
     return {"avg": float(success.mean()), "pass": float((per_task > 0).mean()), "k": k,
             "n_tasks": int(success.shape[0]), "successes": per_task.tolist()}
+
+
+def tool_metrics(counts: dict[str, tuple[int, int]]) -> dict[str, int]:
+    """``tools/{tool}/calls`` and ``tools/{tool}/failures`` of one step from (calls, failures) per tool."""
+    return {f"tools/{tool}/{what}": int(n) for tool, (calls, failures) in counts.items()
+            for what, n in (("calls", calls), ("failures", failures))}
 
 
 class MetricsSink:

@@ -24,16 +24,18 @@ import torch
 
 from drmas.agents import make_agent
 from drmas.algos import SpikeDetector, compute_advantages
-from drmas.checkpoints import MANIFEST_NAME, CheckpointDamaged, read_manifest, verify_checkpoint, write_manifest
+from drmas.checkpoints import (MANIFEST_NAME, CheckpointDamaged, read_manifest, verify_artifact, verify_checkpoint,
+                               write_manifest)
 from drmas.config import RunConfig, dump_config
-from drmas.io import atomic_write_json, atomic_write_text
+from drmas.config.identity import check_run_folder, identity_record
+from drmas.io import WriteFailed, atomic_write_json, atomic_write_text
 from drmas.locks import folder_lock
 from drmas.devices import describe, resolve_device
 from drmas.orchestra import make_orchestra
 from drmas.rollout.base import SamplingParams
-from drmas.trainer.metrics import MetricsSink, evaluation_metrics, step_metrics
+from drmas.trainer.metrics import MetricsSink, evaluation_metrics, step_metrics, tool_metrics
 from drmas.trainer.collect import AgentSlot, Collected, collect
-from drmas.tasks import make_task_source
+from drmas.tasks import ToolFailure, make_task_source
 from drmas.workers.base import WorkerDied, make_backend
 from drmas.workers.catalog import BACKENDS
 from drmas.workers.policy import UpdateBatch, WorkerSpec
@@ -59,8 +61,11 @@ class Trainer:
     """How often a run replaces its workers after one died (a Ray actor: ``WorkerDied``) and goes on from
     its last checkpoint; one more death stops it with ``WorkerGroupLost``."""
 
-    def __init__(self, cfg: RunConfig):
+    def __init__(self, cfg: RunConfig, stale: str = "error"):
+        """``stale``: what :meth:`train` does with a run folder made with another config
+        (:func:`drmas.config.identity.check_run_folder`: error, rerun or keep)."""
         self.cfg = cfg
+        self.stale = stale
         self.run_dir = cfg.run_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.source = make_task_source(cfg.env.name, **cfg.env.args)
@@ -73,6 +78,8 @@ class Trainer:
         ev = cfg.train.eval_sampling
         self.eval_slots = {k: replace(s, sampling=replace(s.sampling, temperature=ev.temperature, top_p=ev.top_p,
                                                           top_k=ev.top_k)) for k, s in self.slots.items()}
+        for path, key in {m.path: key for key, m in reversed(cfg.models.items()) if m.path}.items():
+            verify_artifact(path, f"models.{key}.path", required=cfg.train.verify_artifacts)  # before any is loaded
         specs = {key: WorkerSpec(key, m, cfg.effective_optim(key), cfg.algo, seed=cfg.train.seed + i,
                                  threads=cfg.train.threads, device=cfg.train.device, precision=cfg.train.precision)
                  for i, (key, m) in enumerate(cfg.models.items())}
@@ -96,9 +103,11 @@ class Trainer:
     def train_step(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
         timings: dict[str, float] = {}
+        before = self.source.tool_counts()
         with _timed(timings, "rollout"):
             rollout = self.rollout(step)
             table = rollout.table
+        tools = self._tool_check(before, f"step {step}")  # before the update: failed tools are not learnt from
         with _timed(timings, "rewards"):
             table.assign_rewards(rollout.traj_reward, self.invalid_penalties)
         with _timed(timings, "advantages"):
@@ -108,7 +117,25 @@ class Trainer:
         with _timed(timings, "update"):
             update = self.backend.update({wg: self._update_batch(table, wg) for wg in cfg.models},
                                          step_seed=cfg.train.seed * 7919 + step)
-        return step_metrics(table, rollout, update, timings, self.spikes, cfg.algo.estimator)
+        return {**step_metrics(table, rollout, update, timings, self.spikes, cfg.algo.estimator), **tool_metrics(tools)}
+
+    def _tool_check(self, before: dict[str, Any], what: str) -> dict[str, tuple[int, int]]:
+        """(calls, failures) per tool since ``before``; raises :class:`ToolFailure` when a tool's failure
+        share passes ``train.max_tool_failure_rate``."""
+        limit = self.cfg.train.max_tool_failure_rate
+        out = {}
+        for tool, now in self.source.tool_counts().items():
+            calls = now.calls - (before[tool].calls if tool in before else 0)
+            failures = now.failures - (before[tool].failures if tool in before else 0)
+            out[tool] = (calls, failures)
+            if calls and failures / calls > limit:
+                ckpt = read_manifest(self.ckpt_dir)
+                where = f"the last checkpoint is step {ckpt.get('step')}" if ckpt else "there is no checkpoint yet"
+                raise ToolFailure(f"{what}: {tool} failed on {failures} of {calls} calls ({failures / calls:.0%} > "
+                                  f"train.max_tool_failure_rate={limit:g}; last error: {now.last_error}); stopped "
+                                  f"before recording or learning from it ({where}); fix the tool and run the same "
+                                  "command again to resume")
+        return out
 
     def _update_batch(self, table, wg: str) -> UpdateBatch:
         rows = np.flatnonzero(table.wg == wg)
@@ -124,14 +151,17 @@ class Trainer:
         k = cfg.train.eval_samples
         sets = self.source.eval_sets(cfg.train.eval_tasks)
         tasks = [t for ts in sets.values() for t in ts]  # one batched rollout for every benchmark
+        before = self.source.tool_counts()
         rollout = collect(tasks, k, self.orchestra, self.source.make_env, self.eval_slots,
                           self.backend.generators(), seed=10_000_019 + step)
+        tools = {t: n for t, n in self._tool_check(before, f"evaluation at step {step}").items() if n[1]}
         bounds = np.cumsum([0] + [len(ts) for ts in sets.values()]) * k  # trajectories are task-major
         records = {name: evaluation_metrics(rollout.traj_reward[lo:hi], k)
                    for name, lo, hi in zip(sets, bounds[:-1], bounds[1:])}
         for name, rec in records.items():
             if record:
-                self.sink.write_eval({"step": step, "benchmark": name, **rec})
+                self.sink.write_eval({"step": step, "benchmark": name, **rec,
+                                      **({"tool_failures": {t: n[1] for t, n in tools.items()}} if tools else {})})
         logger.info("eval step %d: %s (%.1fs)", step,
                     ", ".join(f"{k} avg@{cfg.train.eval_samples}={v['avg']:.3f} pass={v['pass']:.3f}" for k, v in records.items()),
                     time.perf_counter() - t0)
@@ -143,7 +173,9 @@ class Trainer:
         A dead worker group is replaced and the run goes on from its last checkpoint (deterministic, so
         the records are those of an uninterrupted run), at most ``max_worker_restarts`` times."""
         with folder_lock(self.run_dir, "run folder"):  # a second writer of this run stops at once
-            self._write_manifest()
+            kept = check_run_folder(self.cfg, self.stale)  # records made with another config are not relabelled
+            self.source.check_tools()  # a retrieval server that does not answer stops the run before step 0
+            self._write_manifest(kept)
             restarts = 0
             while True:
                 try:
@@ -223,13 +255,20 @@ class Trainer:
         ``train.keep_previous_checkpoint``."""
         tmp = self.ckpt_dir.with_name("latest.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        for key, state in self.backend.get_states().items():
-            torch.save(state, tmp / f"worker_{key}.pt")
         trainer_state = {"step": step, "consecutive_nonfinite": self.consecutive_nonfinite,
                          "spikes": {k: (list(d.history), d.count) for k, d in self.spikes.items()}}
-        (tmp / "trainer.json").write_text(json.dumps(trainer_state))
-        write_manifest(tmp, step=step)  # last: a folder with a manifest is complete
+        states = self.backend.get_states()  # outside the try: a worker that died is WorkerDied, not a write error
+        try:
+            tmp.mkdir(parents=True)
+            for key, state in states.items():
+                torch.save(state, tmp / f"worker_{key}.pt")
+            atomic_write_text(tmp / "trainer.json", json.dumps(trainer_state))
+            write_manifest(tmp, step=step)  # last: a folder with a manifest is complete
+        except (OSError, RuntimeError) as exc:  # a full disk: torch.save raises RuntimeError ("file write failed")
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise WriteFailed(f"{tmp}: the checkpoint of step {step} could not be written ({_write_cause(exc, tmp)}); "
+                              f"{self._kept_checkpoint()}; free space and run the same command again to resume",
+                              getattr(exc, "errno", None)) from exc
         old = self.ckpt_dir.with_name("latest.old")
         shutil.rmtree(old, ignore_errors=True)
         if self.ckpt_dir.exists():
@@ -238,6 +277,13 @@ class Trainer:
         if not self.cfg.train.keep_previous_checkpoint:
             shutil.rmtree(old, ignore_errors=True)
         logger.info("checkpoint at step %d -> %s", step, self.ckpt_dir)
+
+    def _kept_checkpoint(self) -> str:
+        """What a failed checkpoint write left: the previous checkpoint and the records, as they were."""
+        manifest = read_manifest(self.ckpt_dir)
+        where = (f"the previous checkpoint {self.ckpt_dir} (step {manifest.get('step')}) is intact" if manifest
+                 else "there is no previous checkpoint")
+        return f"{where}, and every complete record in {self.run_dir} is kept"
 
     def _checkpoint_step(self) -> int:
         """Step of the checkpoint the run resumes from (0: none), after verifying it.
@@ -249,8 +295,10 @@ class Trainer:
         moved to ``latest.damaged-N`` and the run resumes from the previous one, with a warning."""
         latest, tmp, old = self.ckpt_dir, self.ckpt_dir.with_name("latest.tmp"), self.ckpt_dir.with_name("latest.old")
         if latest.exists() and not (latest / MANIFEST_NAME).exists() and (latest / "trainer.json").is_file():
-            logger.warning("%s has no %s (written before checkpoint manifests): loaded unverified", latest,
-                           MANIFEST_NAME)
+            if self.cfg.train.verify_artifacts:
+                raise CheckpointDamaged(f"{latest} has no {MANIFEST_NAME}, so it cannot be verified; delete it to "
+                                        "start from step 0, or set train.verify_artifacts=false to load it unverified")
+            logger.warning("%s has no %s: loaded unverified (train.verify_artifacts=false)", latest, MANIFEST_NAME)
             try:
                 return int(json.loads((latest / "trainer.json").read_text())["step"])
             except (ValueError, KeyError, TypeError) as exc:
@@ -302,12 +350,14 @@ class Trainer:
         self.sink.truncate(after_step=step - 1)
         return step
 
-    def _write_manifest(self) -> None:
+    def _write_manifest(self, kept_changes: list[str] = ()) -> None:
         import platform
 
         import transformers
 
+        previous = _read_json(self.run_dir / "manifest.json").get("config_changes_kept", [])
         manifest = {
+            **identity_record(self.cfg, [*previous, *kept_changes]),
             "name": self.cfg.name, "config": json.loads(self.cfg.model_dump_json()),
             "effective_agents": self.cfg.effective_agents(),
             "effective_optim": {k: self.cfg.effective_optim(k).model_dump() for k in self.cfg.models},
@@ -322,6 +372,27 @@ class Trainer:
     def close(self) -> None:
         self.backend.close()
         self.source.close()
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_cause(exc: BaseException, path: Path) -> str:
+    """Why a write under ``path`` failed, in words: the errno's text, or (torch.save names neither path nor
+    cause) its first line and the space left on that filesystem."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    try:
+        free = shutil.disk_usage(path.parent if path.parent.exists() else path.parent.parent).free
+    except OSError:
+        return first
+    return f"no space left on device: {free} bytes free ({first})" if free < 1 << 20 else first
 
 
 @contextmanager

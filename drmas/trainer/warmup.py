@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from drmas.agents import AgentView, make_agent
-from drmas.checkpoints import build_record, check_base_checkpoint
+from drmas.checkpoints import build_record, check_base_checkpoint, verify_artifact, write_manifest
 from drmas.config import RunConfig
 from drmas.io import atomic_folder
 from drmas.tasks import TASK_SOURCES, TaskSource, make_task_source
@@ -79,7 +79,8 @@ def _checkpoints_to_build(cfg: RunConfig) -> dict[str, tuple[str, list[str], lis
             continue  # a pre-trained checkpoint (local folder or hub id) loaded as it is
         roles = model_roles(cfg, key)
         if (Path(m.path) / "config.json").exists():  # built already: from this sft block and traces, undamaged?
-            check_base_checkpoint(m.path, build_record(m.preset, roles, cfg.sft.model_dump(), traces), key)
+            check_base_checkpoint(m.path, build_record(m.preset, roles, cfg.sft.model_dump(), traces), key,
+                                  required=cfg.train.verify_artifacts)
             continue
         if m.path in plan:
             preset, other_roles, keys = plan[m.path]
@@ -122,6 +123,7 @@ def _warmup_locked(cfg: RunConfig, progress: bool) -> dict[str, Any]:
     if not plan:
         return {}
     source = make_task_source(cfg.env.name, **cfg.env.args)
+    source.check_tools()  # traces drawn through a dead retrieval server would teach "search unavailable"
     sft = cfg.sft
     records = source.role_traces(sft.traces, seed=sft.seed)
     tok_dir = Path(sft.tokenizer_dir)
@@ -132,6 +134,9 @@ def _warmup_locked(cfg: RunConfig, progress: bool) -> dict[str, Any]:
         tokenizer = train_bytelevel_bpe(texts, vocab_size=sft.vocab_size)
         with atomic_folder(tok_dir) as tmp:  # an existing tok_dir is a crashed attempt's leftover (no tokenizer.json)
             save_tokenizer(tokenizer, tmp)
+            write_manifest(tmp)
+    else:
+        verify_artifact(tok_dir, "sft.tokenizer_dir", required=cfg.train.verify_artifacts)
     traces = trace_args(cfg)
     jobs = []
     # every checkpoint gets the same seed: a checkpoint depends on its preset, roles and the sft block, not

@@ -139,6 +139,8 @@ class GraderStats:
     errors: int = 0  # parse/comparison errors and worker failures -> 0
     too_long: int = 0  # answers longer than max_answer_chars, scored 0 without math-verify
     worker_starts: int = 0
+    failures: int = 0  # the grader failed, not the answer: workers that died or could not start -> 0 (a timeout
+    # is the answer's: a comparison no worker finishes, e.g. 10^{10^{10}}, counted in ``timeouts``)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -340,7 +342,7 @@ class MathGrader:
                     self._retire(worker)
                 worker = self._start_worker()
                 if worker is None:
-                    self._count(errors=len(jobs) - next_job)
+                    self._count(errors=len(jobs) - next_job, failures=len(jobs) - next_job)
                     break
             try:
                 sent_from = next_job
@@ -367,7 +369,7 @@ class MathGrader:
             except _WorkerDied as exc:
                 logger.warning("math-verify worker died (%s) on %r; restarting it", exc, jobs[next_job][1][:80])
                 results[next_job] = OUTCOME_ERROR
-                self._count(errors=1)
+                self._count(errors=1, failures=1)
                 next_job += 1
                 self._retire(worker)
                 worker = None

@@ -58,6 +58,10 @@ class RetrievalClient:
         self.topk, self.timeout_s, self.max_retries = topk, timeout_s, max_retries
         self.backoff_s, self.max_batch = backoff_s, max_batch
         self._local = threading.local()  # one requests.Session per thread
+        self._count_lock = threading.Lock()
+        self.calls = 0  # queries asked (counters since the client was built; the trainer logs their increments)
+        self.failures = 0  # queries whose retrieval failed after every retry
+        self.last_error = ""
 
     @property
     def _session(self) -> requests.Session:
@@ -111,6 +115,15 @@ class RetrievalClient:
         """Top-k documents per query; on failure ``error`` is set and every result list is empty.
         Batches larger than ``max_batch`` are sent in chunks (all fail if one chunk fails)."""
         queries, topk = [str(q) for q in queries], self.topk if topk is None else topk
+        batch = self._retrieve_all(queries, topk)
+        with self._count_lock:
+            self.calls += len(queries)
+            if not batch.ok:
+                self.failures += len(queries)
+                self.last_error = batch.error or "retrieval failed"
+        return batch
+
+    def _retrieve_all(self, queries: list[str], topk: int) -> RetrievalBatch:
         results: list[list[dict[str, Any]]] = []
         for start in range(0, len(queries), self.max_batch):
             chunk = self._retrieve_chunk(queries[start:start + self.max_batch], topk)
@@ -118,6 +131,13 @@ class RetrievalClient:
                 return RetrievalBatch.failed(len(queries), chunk.error or "retrieval failed")
             results.extend(chunk.results)
         return RetrievalBatch(results)
+
+    def check(self) -> None:
+        """One query through the whole path (connect, retrieve, answer shape), with the retry policy; raises
+        ``ConnectionError`` naming the URL when it fails. Not counted in ``calls``/``failures``."""
+        batch = self._retrieve_all(["service check"], 1)
+        if not batch.ok:
+            raise ConnectionError(f"retrieval service {self.url} does not answer: {batch.error}")
 
     def health(self) -> dict[str, Any] | None:
         """``GET /health`` as a dict, or ``None`` when the server does not answer."""

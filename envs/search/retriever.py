@@ -14,9 +14,10 @@ import json
 import logging
 import os
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -67,6 +68,33 @@ def index_cache_dir(corpus: Corpus, backend_tag: str, root: str | Path | None = 
     return root / "search" / "index" / f"{corpus.content_hash[:16]}-{backend_tag}"
 
 
+def usable_cache(cache: Path, marker: str) -> bool:
+    """Whether the index cache ``cache`` (holding ``marker``) verifies against its ``manifest.sha256.json``
+    (:func:`drmas.checkpoints.verify_checkpoint`). A cache without a manifest, or with a damaged file, is
+    not used: a warning names the file and the index is built again (it is derived data)."""
+    from drmas.checkpoints import CheckpointDamaged, verify_checkpoint
+
+    if not (cache / marker).is_file():
+        return False
+    try:
+        verify_checkpoint(cache)
+        return True
+    except CheckpointDamaged as exc:
+        logger.warning("index cache not used: %s; building the index again", exc)
+        return False
+
+
+@contextmanager
+def cache_writer(cache: Path) -> Iterator[Path]:
+    """A temporary folder to fill with an index; it gets a manifest and replaces a cache that did not verify
+    (else a concurrent builder that finished first wins)."""
+    from drmas.checkpoints import write_manifest
+
+    with atomic_folder(cache, if_exists="replace" if cache.exists() else "keep") as tmp:
+        yield tmp
+        write_manifest(tmp)
+
+
 # --------------------------------------------------------------------------------------------------
 # Indexes: search(queries, k) -> (row indices int64 [n, k], scores float32 [n, k]), one batched call
 # --------------------------------------------------------------------------------------------------
@@ -83,7 +111,7 @@ class BM25Index:
         self.n_docs = len(corpus)
         self.tokenizer = Tokenizer(stopwords="en", lower=True)
         self.cache_dir = cache = index_cache_dir(corpus, self.tag, cache_root)
-        if use_cache and (cache / "params.index.json").is_file():
+        if use_cache and usable_cache(cache, "params.index.json"):
             self.bm25 = bm25s.BM25.load(str(cache), show_progress=False)
             self.tokenizer.load_vocab(str(cache))
             logger.info("loaded BM25 index of %d passages from %s", self.n_docs, cache)
@@ -92,7 +120,7 @@ class BM25Index:
         self.bm25 = bm25s.BM25()
         self.bm25.index(ids, show_progress=False)
         if use_cache:
-            with atomic_folder(cache, if_exists="keep") as tmp:  # a concurrent builder that finished first wins
+            with cache_writer(cache) as tmp:
                 self.bm25.save(str(tmp), show_progress=False)
                 self.tokenizer.save_vocab(str(tmp))
             logger.info("built BM25 index of %d passages, cached at %s", self.n_docs, cache)
@@ -158,14 +186,14 @@ class DenseIndex:
         self.tag = f"dense-{digest[:12]}"
         self.n_docs = len(corpus)
         self.cache_dir = cache = index_cache_dir(corpus, self.tag, cache_root)
-        if use_cache and (cache / "embeddings.npy").is_file():
+        if use_cache and usable_cache(cache, "embeddings.npy"):
             emb = np.load(cache / "embeddings.npy")
             logger.info("loaded %d passage embeddings from %s", len(emb), cache)
         else:
             logger.info("embedding %d passages (about 50/s on 2 cores)...", self.n_docs)
             emb = self.encode(corpus.index_texts())
             if use_cache:
-                with atomic_folder(cache, if_exists="keep") as tmp:
+                with cache_writer(cache) as tmp:
                     np.save(tmp / "embeddings.npy", emb)
                     (tmp / "meta.json").write_text(json.dumps({"model_sha256": digest, "n": len(emb),
                                                                "dim": emb.shape[1], "corpus_hash": corpus.content_hash}))

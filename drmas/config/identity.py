@@ -1,0 +1,150 @@
+"""Config identity: which config a run folder's records were made with, and whether another one may write there.
+
+A run folder keeps the effective config it was made with (``config.yaml``) and its sha256 (``config_hash`` in
+``manifest.json``, :func:`config_hash`). :func:`check_run_folder` compares the config about to run with the
+folder's before any work and refuses a different one (:class:`ConfigDrift`, naming every differing key with
+the old and new value): its records would otherwise be relabelled (``config.yaml`` and ``manifest.json``
+rewritten) or continued under other settings.
+
+Not part of the identity (:data:`IGNORED`), because they do not change what a step computes:
+
+- ``name``, ``out_dir``: where the folder is (another name is another run);
+- ``train.device``: CPU or GPU run the same steps (as in the grid runner);
+- ``train.threads``: how fast; ``train.save_every``, ``train.keep_previous_checkpoint``: how often and how many
+  checkpoints are written (a resumed step is a pure function of seed, step and checkpointed state);
+- ``models.*.resources.checkpoint_dir``: derived from the run folder.
+
+``train.steps`` may grow: a finished or partial run continued to more steps keeps its records, which are the
+first steps of the longer run (:func:`config_changes` lists it only when it shrinks). Everything else that
+differs (estimator, learning rate, seed, batch sizes, evaluation settings, models, agents, ...) is a change.
+
+The explicit ways past a change are ``drmas train --stale rerun`` (the old files move to
+``<name>.stale-<k>/``, nothing is deleted, and the run starts afresh) and ``--stale keep`` (continue under the
+new config; the manifest lists the changes it was continued with), as the grid runner's ``--stale``; or
+another ``name``.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import os
+from typing import Any
+
+from drmas.config.errors import ConfigError
+from drmas.config.schema import RunConfig
+
+logger = logging.getLogger(__name__)
+
+IGNORED = ("name", "out_dir", "train.device", "train.threads", "train.save_every", "train.keep_previous_checkpoint",
+           "train.max_tool_failure_rate", "train.verify_artifacts",
+           "models.*.resources.checkpoint_dir")
+"""Dotted keys (``*``: any model key) that are not part of a run's identity (see the module docstring)."""
+GROWABLE = ("train.steps",)
+"""Keys that may grow on an existing run folder (a run continued to more steps)."""
+STALE_POLICIES = ("error", "rerun", "keep")
+
+
+class ConfigDrift(RuntimeError):
+    """A run folder holds records made with another config (the message lists the keys)."""
+
+
+def _drop(node: Any, parts: list[str]) -> None:
+    if not isinstance(node, dict) or not parts:
+        return
+    head, rest = parts[0], parts[1:]
+    for key in (list(node) if head == "*" else [head]):
+        if not rest:
+            node.pop(key, None)
+        else:
+            _drop(node.get(key), rest)
+
+
+def comparable(cfg: RunConfig) -> dict[str, Any]:
+    """The config as JSON data without the :data:`IGNORED` keys."""
+    data = json.loads(cfg.model_dump_json())
+    for key in IGNORED:
+        _drop(data, key.split("."))
+    return data
+
+
+def config_hash(cfg: RunConfig) -> str:
+    """sha256 of :func:`comparable` without the :data:`GROWABLE` keys (canonical JSON, sorted keys)."""
+    data = comparable(cfg)
+    for key in GROWABLE:
+        _drop(data, key.split("."))
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def changed_keys(saved: Any, current: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted key, saved value, current value) of every leaf that differs (lists of one length leaf-wise)."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        return [c for key in sorted(set(saved) | set(current), key=str)
+                for c in changed_keys(saved.get(key), current.get(key), f"{prefix}{key}.")]
+    if isinstance(saved, list) and isinstance(current, list) and len(saved) == len(current):
+        return [c for i, (a, b) in enumerate(zip(saved, current)) for c in changed_keys(a, b, f"{prefix}{i}.")]
+    return [] if saved == current else [(prefix.rstrip("."), saved, current)]
+
+
+def config_changes(saved: RunConfig, current: RunConfig) -> list[str]:
+    """``key (old -> new)`` for every identity key that differs (a grown ``train.steps`` is not one)."""
+    out = []
+    for key, old, new in changed_keys(comparable(saved), comparable(current)):
+        if key in GROWABLE and isinstance(old, (int, float)) and isinstance(new, (int, float)) and new >= old:
+            continue
+        out.append(f"{key} ({old!r} -> {new!r})")
+    return out
+
+
+def saved_config_changes(cfg: RunConfig) -> list[str]:
+    """:func:`config_changes` against the run folder's ``config.yaml`` (none when it has none)."""
+    from drmas.config.loader import load_config
+
+    saved_file = cfg.run_dir / "config.yaml"
+    if not saved_file.exists():
+        return []
+    try:
+        saved = load_config(saved_file, [])
+    except ConfigError as exc:
+        return [f"(its config.yaml no longer loads: {str(exc).splitlines()[-1].strip()})"]
+    return config_changes(saved, cfg)
+
+
+def check_run_folder(cfg: RunConfig, stale: str = "error") -> list[str]:
+    """Refuse (``error``), set aside (``rerun``) or accept (``keep``) a run folder made with another config;
+    returns the changes accepted under ``keep``. Call it holding the folder's lock, before any work."""
+    if stale not in STALE_POLICIES:
+        raise ValueError(f"stale={stale!r}; use one of {STALE_POLICIES}")
+    changes = saved_config_changes(cfg)
+    if not changes:
+        return []
+    run_dir = cfg.run_dir
+    listing = "; ".join(changes[:8]) + (f"; ... ({len(changes)} keys)" if len(changes) > 8 else "")
+    if stale == "error":
+        raise ConfigDrift(f"run folder {run_dir} was made with another config ({listing}); its records would be "
+                          "relabelled or continued under other settings. Give the run another name=..., pass "
+                          f"--stale rerun to move its files aside ({run_dir.name}.stale-<k>) and start afresh, or "
+                          "--stale keep to continue it under the new config")
+    if stale == "keep":
+        logger.warning("run folder %s was made with another config (%s); continued under the new one (--stale keep)",
+                       run_dir, listing)
+        return changes
+    k = next(i for i in itertools.count(1) if not run_dir.with_name(f"{run_dir.name}.stale-{i}").exists())
+    aside = run_dir.with_name(f"{run_dir.name}.stale-{k}")
+    aside.mkdir()
+    from drmas.locks import HOLDER_NAME, LOCK_NAME
+
+    for entry in run_dir.iterdir():  # the lock (held by this process) stays
+        if entry.name not in (LOCK_NAME, HOLDER_NAME):
+            os.replace(entry, aside / entry.name)
+    logger.warning("run folder %s was made with another config (%s); its files moved to %s (--stale rerun)",
+                   run_dir, listing, aside)
+    return []
+
+
+def identity_record(cfg: RunConfig, kept: list[str]) -> dict[str, Any]:
+    """What ``manifest.json`` records of the run's identity."""
+    return {"config_hash": config_hash(cfg), "config_ignored_keys": list(IGNORED),
+            **({"config_changes_kept": kept} if kept else {})}
+
