@@ -96,7 +96,7 @@ if want train; then
   "$PY" -m experiments.grid run "$GRID" --jobs "$JOBS" --device "$DEVICE" --stale "$STALE" ${SEEDS:+--seeds "$SEEDS"} \
     ${RUNS:+--only "$RUNS"}
   if [ "$REBUILD" = 1 ]; then  # the rebuilt bases' hashes and build records (tests/test_mechanism.py checks them)
-    "$PY" -m experiments.record_bases --built "$(date +%F), bash experiments/run_all.sh --rebuild-bases on $("$PY" -m drmas.devices "$DEVICE")"
+    "$PY" -m experiments.record_bases --built "$(date +%F); bash experiments/run_all.sh --rebuild-bases; $("$PY" -m drmas.devices "$DEVICE")"
   fi
 fi
 if want analysis; then

@@ -1,4 +1,4 @@
-"""Result integrity (issue 17), part 1 (no trained models): fault injection on run-folder locks, JSONL
+"""Result integrity, part 1 (no trained models): fault injection on run-folder locks, JSONL
 files read by the analysis, pre-work checks, and clean shutdown of child processes.
 
 Each test injects one fault a careful user met (two writers on one folder, a killed lock holder, a garbled

@@ -293,7 +293,7 @@ def test_sigkill_at_random_moments_from_outside_then_resume(warm, reference):
     _assert_same_as_reference(run_dir, reference)
 
 
-# -------------------------------------------------------------------- checkpoint integrity (issue 17)
+# -------------------------------------------------------------------- checkpoint integrity
 def _flip(path: Path, n: int = 4096) -> None:
     """Invert ``n`` bytes in the middle of ``path`` (the size stays the same)."""
     data = bytearray(path.read_bytes())
