@@ -8,7 +8,8 @@ with ``metrics.jsonl`` (one line per RL step), ``eval.jsonl`` (one line per eval
 frame       one row per
 =========== =====================================================================================================
 runs        run: the index tags (task, setting, estimator, assignment, entry, seed, level), status, seconds, path,
-            n_steps, last_step, last_eval_step, usable (done, with a final eval), problem (why not usable)
+            n_steps, last_step, last_eval_step, usable (done, with a final eval unless
+            its config says train.evaluate=false), problem (why not usable)
 steps       (run, step): every ``metrics.jsonl`` key as a column (wide; keys a run lacks are NaN)
 agents      (run, step, agent): grad_norm, spike, spike_ratio, reward_mean (μk), reward_std (σk), lemma_factor,
             adv_m2, invalid_rate, response_len, steps, tokens, ... (``agent/{k}/*`` and ``tokens/{k}``)
@@ -260,10 +261,12 @@ def load_grid(path: str | Path) -> GridData:
                               "k": int(e.get("k", 0)), "n_tasks": int(e.get("n_tasks", len(succ))), "successes": succ})
         if evals:
             row["last_eval_step"] = float(max(int(e["step"]) for e in evals))
-        assign_rows += _assignment_rows(run, _read_json(run_dir / "manifest.json"))
+        manifest = _read_json(run_dir / "manifest.json")
+        assign_rows += _assignment_rows(run, manifest)
+        evaluates = ((manifest or {}).get("config") or {}).get("train", {}).get("evaluate", True)
         if row["status"] != "done":
             row["problem"] = row["problem"] or f"status {row['status']}"
-        elif not evals:
+        elif not evals and evaluates:  # train.evaluate=false (a sweep of training statistics): none by design
             row["problem"] = "no eval.jsonl records"
         elif records and row["last_eval_step"] < row["last_step"]:
             row["problem"] = f"last eval at step {row['last_eval_step']:.0f} < last step {row['last_step']:.0f}"

@@ -11,7 +11,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from drmas.io import atomic_output, atomic_write_text
+from drmas.io import atomic_write_text
 from analysis.theory.records import Record
 from analysis.theory.softmax import SweepFit
 
@@ -194,6 +194,8 @@ def save_figures(records: Sequence[Record], fits: Sequence[SweepFit], fig_dir: P
     """The three figures as PNG and PDF under ``fig_dir`` (names in :data:`FIGURES`)."""
     import matplotlib.pyplot as plt
 
+    from analysis.figures import write_figure
+
     figs = {"theory_measured_vs_predicted": plot_measured_vs_predicted(records),
             "theory_delta": plot_delta(records)}
     if fits:
@@ -202,9 +204,7 @@ def save_figures(records: Sequence[Record], fits: Sequence[SweepFit], fig_dir: P
     for name, fig in figs.items():
         for ext in ("png", "pdf"):
             path = Path(fig_dir) / f"{name}.{ext}"
-            with atomic_output(path) as tmp:
-                fig.savefig(str(tmp), format=ext, dpi=150)
-            paths.append(path)
+            paths.append(write_figure(fig, path, ext, dpi=150))
         plt.close(fig)
     return paths
 
