@@ -328,6 +328,24 @@ class TrainConfig(Strict):
     precision: Literal["fp32", "bf16"] = Field(
         "fp32", description="fp32: everything in float32 (the CPU default); bf16: float32 weights and optimizer "
                             "states, forward passes under bfloat16 autocast (GPU)")
+    loggers: list[str] = Field(["tensorboard"], description="where step and eval metrics go besides metrics.jsonl "
+                               "and eval.jsonl (always written): tensorboard (<run>/tb), wandb (<run>/wandb; "
+                               "pip install drmas[wandb]; offline unless WANDB_MODE says otherwise, project "
+                               "WANDB_PROJECT or drmas); drmas.trainer.metrics.LOGGERS")
+
+    @field_validator("loggers")
+    @classmethod
+    def _known_loggers(cls, loggers: list[str]) -> list[str]:
+        import importlib.util
+
+        from drmas.trainer.metrics import LOGGERS
+
+        for name in loggers:
+            if name != "jsonl":
+                _registered(name, LOGGERS.names(), "logger", "; jsonl is always written")
+        if "wandb" in loggers and importlib.util.find_spec("wandb") is None:
+            raise ValueError("the wandb logger needs wandb: pip install 'drmas[wandb]' (or pip install wandb)")
+        return loggers
 
 
 class SFTSection(Strict):
