@@ -116,7 +116,7 @@ def _raw_http(url: str) -> socket.socket:
 
 def test_a_half_sent_body_is_answered_408_and_closed(bm25_server):
     """A client that announces 100 bytes and sends 10 gets 408 after ``body_timeout_s``, and the connection
-    closes (300 such bodies used to stay open)."""
+    closes (300 such bodies must not stay open)."""
     url, _ = bm25_server
     with _raw_http(url) as sock:
         sock.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

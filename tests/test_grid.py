@@ -214,7 +214,7 @@ def test_mini_grid_survives_sigkill_and_restart(tmp_path):
 
 
 def test_only_warms_up_the_bases_its_runs_need(tmp_path):
-    """`--only math_*` starts the math warm-up only (it used to start the search warm-ups too); a base that
+    """`--only math_*` starts the math warm-up only, not the search warm-ups; a base that
     exists is not warmed up again."""
     sft = tmp_path / "sft"
     spec = _write(tmp_path / "g.yaml", {
