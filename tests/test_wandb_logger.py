@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,8 @@ def wandb_records(path: Path) -> list[bytes]:
         if length == 0 and kind == 0:  # zero padding to the end of the block
             pos += left
             continue
+        if pos + 7 + length > len(data):  # a chunk still being written
+            break
         part += data[pos + 7:pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):
@@ -40,17 +43,25 @@ def wandb_records(path: Path) -> list[bytes]:
     return records
 
 
-def history(run_dir: Path) -> list[dict]:
+def history(run_dir: Path, wait_s: float = 60.0) -> list[dict]:
+    """The history rows of the run's offline transaction log, read once it holds the run's exit record (the
+    wandb-core service may still be writing the file when ``finish()`` returns)."""
     from wandb.proto import wandb_internal_pb2 as pb
 
-    (log,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
-    rows = []
-    for raw in wandb_records(log):
-        rec = pb.Record()
-        rec.ParseFromString(raw)
-        if rec.WhichOneof("record_type") == "history":
-            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in rec.history.item})
-    return rows
+    deadline = time.monotonic() + wait_s
+    while True:
+        logs = list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+        records = []
+        for raw in wandb_records(logs[0]) if len(logs) == 1 and logs[0].stat().st_size else []:
+            rec = pb.Record()
+            rec.ParseFromString(raw)
+            records.append(rec)
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert len(logs) == 1, logs
+    return [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
+            for r in records if r.WhichOneof("record_type") == "history"]
 
 
 def test_an_offline_wandb_run_holds_the_metrics_under_both_names(tmp_path, monkeypatch):
