@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
+from matplotlib import rc_context
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -52,17 +53,26 @@ def _figure(w: float, h: float) -> Figure:
     return fig
 
 
+STABLE_METADATA = {"png": {"Software": None}, "pdf": {"CreationDate": None}, "svg": {"Date": None}}
+"""Per format, the metadata that would change between two writes of the same figure (dates, the software
+stamp); left out, the same runs give byte-identical files (``tests/test_analysis.py``)."""
+
+
+def write_figure(fig: Figure, path: Path, fmt: str, **kw: Any) -> Path:
+    """``fig`` as ``fmt`` at ``path`` (atomic), byte-stable: no date or software stamp (:data:`STABLE_METADATA`)."""
+    with atomic_output(path) as tmp, rc_context({"svg.hashsalt": "drmas"}):
+        fig.savefig(str(tmp), format=fmt, metadata=STABLE_METADATA.get(fmt), **kw)
+    return Path(path)
+
+
 def save(fig: Figure | None, out_dir: Path, stem: str) -> list[Path]:
     """Write ``stem.png`` (150 dpi) and ``stem.pdf``; nothing for ``None``."""
     if fig is None:
         return []
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{stem}.png", out_dir / f"{stem}.pdf"]
-    for path, kw in zip(paths, ({"format": "png", "dpi": 150}, {"format": "pdf"})):
-        with atomic_output(path) as tmp:
-            fig.savefig(str(tmp), bbox_inches="tight", **kw)
-    return paths
+    return [write_figure(fig, out_dir / f"{stem}.png", "png", dpi=150, bbox_inches="tight"),
+            write_figure(fig, out_dir / f"{stem}.pdf", "pdf", bbox_inches="tight")]
 
 
 def _runs(data: GridData, task: str, settings: Sequence[str]) -> pd.DataFrame:

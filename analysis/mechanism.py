@@ -99,8 +99,8 @@ class MechanismVerdict:
     sqrt_fit: float  # median of ratio / sqrt(factor): 1 = the Lemma's √factor prediction
     verdict: str
     reason: str
-    # agent -> (points, ρ(factor, ratio), p) within one agent: descriptive, not the rule (added in session 6
-    # after the sweep was seen; the agents' gradients differ in scale and structure, docs/mechanism.md)
+    # agent -> (points, ρ(factor, ratio), p) within one agent: descriptive, not the rule (chosen after the
+    # sweep was seen; the agents' gradients differ in scale and structure, docs/mechanism.md)
     per_agent: dict[str, tuple[int, float, float]] = field(default_factory=dict)
 
 

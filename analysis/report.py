@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from functools import partial
@@ -44,12 +45,25 @@ REPRODUCED, NOT_REPRODUCED, NEEDS_GPU, NOT_RUN, FINDING = (
 
 @dataclass(frozen=True)
 class Judged:
-    """What a claim's verdict function returns: the claim as stated, the paper's value, ours, the verdict."""
+    """What a claim's verdict function returns: the claim as stated, the paper's value, ours, the verdict; and,
+    optionally, what the report's layout shows of it. A judge that leaves the optional fields at their defaults
+    still renders: the verdict table then shows the first clause of ``paper`` / ``ours``, and the claim's
+    section lists the clauses of ``ours``.
+
+    ``headline`` / ``paper_headline``: ours / the paper's in one number for the verdict table and the terminal
+    summary; ``short``: the claim in a few words (terminal summary; default: ``claim`` up to its first
+    bracket or colon); ``figures``: figure stems (``paper_figures/<stem>.png``) shown in the claim's section when they
+    exist; ``details``: the section's statistics, one bullet each."""
 
     claim: str
     paper: str
     ours: str
     verdict: str
+    headline: str = ""
+    paper_headline: str = ""
+    figures: tuple[str, ...] = ()
+    details: tuple[str, ...] = ()
+    short: str = ""
 
 
 @dataclass(frozen=True)
@@ -63,12 +77,16 @@ class ClaimSpec:
 
     def evaluate(self, an: "Analysis") -> "Claim":
         j = self.judge(an)
-        return Claim(self.key, j.claim, j.paper, j.ours, j.verdict, self.rule)
+        return Claim(self.key, j.claim, j.paper, j.ours, j.verdict, self.rule,
+                     headline=j.headline or first_clause(j.ours), paper_headline=j.paper_headline or first_clause(j.paper),
+                     figures=j.figures, details=j.details or tuple(clauses(j.ours)),
+                     short=j.short or re.split(r"[(:]", j.claim)[0].strip())
 
 
 @dataclass(frozen=True)
 class Claim:
-    """A judged claim: its key and rule, and what its verdict function found."""
+    """A judged claim: its key and rule, what its verdict function found, and what the layout shows of it
+    (see :class:`Judged`)."""
 
     key: str
     claim: str
@@ -76,6 +94,27 @@ class Claim:
     ours: str
     verdict: str
     rule: str
+    headline: str = ""
+    paper_headline: str = ""
+    figures: tuple[str, ...] = ()
+    details: tuple[str, ...] = ()
+    short: str = ""
+
+
+def clauses(text: str) -> list[str]:
+    """``text`` split at the ``; `` that lie outside brackets (the clauses a judge joined into its ``ours``)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, "[": 1, ")": -1, "]": -1}.get(ch, 0)
+        if ch == ";" and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    parts.append(text[start:].strip())
+    return [p for p in parts if p]
+
+
+def first_clause(text: str) -> str:
+    return next(iter(clauses(text)), "")
 
 
 @dataclass
@@ -154,11 +193,13 @@ def claim_lemma(an: Analysis) -> Judged:
         text = _mechanism_text(v, an.mechanism)
         pooled = mechanism_verdict(an.mechanism, "pooled_grpo")
         if pooled.n_points:
-            text += (f". Pooled step-level GRPO (the other global baseline): largest mean factor {pooled.factor_max_mean:.2f} "
+            text += (f"; Pooled step-level GRPO (the other global baseline): largest mean factor {pooled.factor_max_mean:.2f} "
                      f"(step max {pooled.factor_max_step:.2f}); rho(factor, grad-norm ratio) = {pooled.rho:.2f} (p = "
                      f"{pooled.p:.2g}); rho(factor, E_k[A²] ratio) = {pooled.rho_a2:.2f} (p = {pooled.p_a2:.2g}); within one "
                      f"agent: {_per_agent_text(pooled)}; the same rule would say: {pooled.verdict}")
-        return Judged(title, paper, text + "; main grid: " + main, v.verdict)
+        return Judged(title, paper, text + "; main grid: " + main, v.verdict,
+                      headline=f"rho(factor, grad-norm ratio) = {v.rho:.2f} (p = {v.p:.2g}), {v.n_points} points",
+                      paper_headline=LEMMA_HEADLINE, figures=("mechanism",), short=LEMMA_SHORT)
     if p.empty:
         return Judged(title, paper, "no GRPO / Dr. MAS pair", NOT_RUN)
     rho, pv = spearman(p["factor_mean_grpo"], p["ratio_mean"])
@@ -176,7 +217,14 @@ def claim_lemma(an: Analysis) -> Judged:
         verdict = "not produced"
     else:
         verdict = REPRODUCED if np.isfinite(rho) and rho > 0 and pv < 0.05 else NOT_REPRODUCED
-    return Judged(title, paper, ours, verdict)
+    return Judged(title, paper, ours, verdict, paper_headline=LEMMA_HEADLINE, figures=GRADNORM_FIGURES, short=LEMMA_SHORT,
+                  headline=f"rho(factor, grad-norm ratio) = {rho:.2f} (p = {pv:.2g}), {len(p)} pairs"
+                  if np.isfinite(rho) else "")
+
+
+LEMMA_HEADLINE = "grad-norm ratio rises with the factor (rho > 0)"
+LEMMA_SHORT = "grad-norm inflation follows the Lemma factor"
+GRADNORM_FIGURES = tuple(f"gradnorm_{t}_{a}" for t in ("search", "math") for a in ("nonsharing", "sharing"))
 
 
 def _main_grid_factors(p: pd.DataFrame) -> str:
@@ -226,7 +274,9 @@ def claim_spikes(an: Analysis) -> Judged:
         verdict = NEEDS_GPU
     else:
         verdict = REPRODUCED if (sd + nd < sg + ng and lower_max > len(p) / 2) else NOT_REPRODUCED
-    return Judged(title, paper, ours, verdict)
+    return Judged(title, paper, ours, verdict, headline=f"spikes GRPO {sg} vs Dr. MAS {sd}",
+                  paper_headline="GRPO norm > 80, then NaN; Dr. MAS flat", figures=GRADNORM_FIGURES,
+                  short="Dr. MAS removes GRPO's grad-norm spikes")
 
 
 def claim_accuracy(an: Analysis, task: str) -> Judged:
@@ -253,7 +303,10 @@ def claim_accuracy(an: Analysis, task: str) -> Judged:
             f"{_pts(*av.loc['pass', ['mean', 'low', 'high']])}; " + ", ".join(per))
     a = av.loc["avg"]
     verdict = REPRODUCED if a["mean"] > 0 and a["low"] > 0 else NOT_REPRODUCED
-    return Judged(title, paper, ours, verdict)
+    return Judged(title, paper, ours, verdict, figures=(f"train_{task}", f"reward_stats_{task}"),
+                  short=f"accuracy gain over GRPO, {task}",
+                  headline=f"{fmt_gain(h['ours avg'])} avg@{k} (paired {_pts(a['mean'], a['low'], a['high'])})",
+                  paper_headline=f"{fmt_gain(h['paper avg'])} avg@16" if h is not None else "")
 
 
 def claim_ablation(an: Analysis, task: str = "search") -> Judged:
@@ -273,7 +326,8 @@ def claim_ablation(an: Analysis, task: str = "search") -> Judged:
     gaps = "; ".join(f"{short(r.variant)} {_pts(r.d_avg, r.d_avg_low, r.d_avg_high)}" for r in others.itertuples())
     ours = (f"order {' > '.join(short(o) + f' {100 * a:.1f}' for o, a in zip(order, four['avg']))} avg@k "
             f"(seeds {an.ablation_seeds.get(task)}); Kendall tau vs paper {tau:.2f}; Δ vs (mu,sigma): {gaps}")
-    return Judged(title, paper, ours, REPRODUCED if tau == 1 else NOT_REPRODUCED)
+    return Judged(title, paper, ours, REPRODUCED if tau == 1 else NOT_REPRODUCED, headline=f"Kendall tau {tau:.2f}",
+                  paper_headline="the order (tau = 1)", figures=(f"ablation_{task}",), short="Table 3 order")
 
 
 def hetero_reference(data: GridData) -> str:
@@ -311,7 +365,10 @@ def claim_hetero(an: Analysis) -> Judged:
                  "are the comparable ones")
     no_loss = d.loc["avg", "high"] >= 0  # the CI includes 0 or lies above it
     verdict = REPRODUCED if lat < 0 and cost < 0 and no_loss else NOT_REPRODUCED
-    return Judged(title, paper, ours, verdict)
+    return Judged(title, paper, ours, verdict, figures=("hetero_search",), short="heterogeneous assignment",
+                  headline=f"latency {fmt_gain(lat)}, cost {fmt_gain(cost)}, "
+                           f"Δ avg {_pts(*d.loc['avg', ['mean', 'low', 'high']])}",
+                  paper_headline=f"latency {fmt_gain(h.get('latency_change'))}, cost {fmt_gain(h.get('cost_change'))}")
 
 
 def claim_pooled(an: Analysis, task: str = "search") -> Judged:
@@ -329,7 +386,8 @@ def claim_pooled(an: Analysis, task: str = "search") -> Judged:
         if len(g):
             sp.append(f"{v.label.split(' ')[0] if v.estimator != 'pooled_grpo' else 'pooled'}: {int(g['spikes'].sum())} spikes, "
                       f"max norm {g['max'].max():.3g}")
-    return Judged(title, "not in the paper", "; ".join(parts + sp), FINDING)
+    return Judged(title, "not in the paper", "; ".join(parts + sp), FINDING, paper_headline="-",
+                  figures=(f"ablation_{task}",), short="pooled step-level baseline (extra)")
 
 
 CLAIMS = (
@@ -446,36 +504,78 @@ def _scale_text(scale: dict[str, Any]) -> str:
 
 def report_markdown(an: Analysis, claims: list[Claim], out: Path, tables_dir: Path, figures: list[Path],
                     runs_dir: Path, mechanism_dir: Path | None = None) -> str:
+    """REPORT.md: the verdict table (claim, the paper's number, ours in one number, verdict), the scale, then one
+    section per claim (:func:`claim_section`), where the numbers are, and the data problems."""
     theory = next((p for p in (out / "theory" / "summary.md", ROOT / "results" / "theory" / "summary.md") if p.exists()), None)
+    pngs = {p.stem: p for p in figures if p.suffix == ".png"}
     lines = ["# Dr. MAS reproduction: claims and verdicts", "",
              f"Generated by `python -m analysis.report --runs {runs_dir}"
              + (f" --mechanism {mechanism_dir}" if mechanism_dir else "") + "`; every number below is computed from the run "
              "directories (the paper's from `analysis/data/`). Percent points (pts) are Dr. MAS − GRPO unless named; ± "
              "is the half-width of a 95 % bootstrap interval over eval tasks.", "",
-             "**Scale.** " + _scale_text(an.scale), "",
-             "| | claim | paper | ours | verdict | rule |", "|---|---|---|---|---|---|"]
+             "| | claim | paper | ours | verdict |", "|---|---|---|---|---|"]
     for c in claims:
-        lines.append(f"| {c.key} | {c.claim} | {c.paper} | {c.ours} | **{c.verdict}** | {c.rule} |".replace("\n", " "))
-    lines += ["", "**Where the numbers are.** Tables (Markdown, LaTeX, CSV) in "
+        lines.append(f"| {c.key} | [{c.claim}](#{_anchor(c)}) | {c.paper_headline} | {c.headline} | **{c.verdict}** |"
+                     .replace("\n", " "))
+    lines += ["", "**Scale.** " + _scale_text(an.scale)]
+    for c in claims:
+        lines += claim_section(c, pngs, out)
+    lines += ["", "## Where the numbers are", "", "Tables (Markdown, LaTeX, CSV) in "
               f"[`{_rel(tables_dir, out)}/`]({_rel(tables_dir, out)}/): "
               + ", ".join(f"[{p.stem}]({_rel(p, out)})" for p in sorted(tables_dir.glob('*.md'))) + "."]
-    if figures:
-        pngs = [p for p in figures if p.suffix == ".png"]
-        lines += ["Figures: " + ", ".join(f"[{p.stem}]({_rel(p, out)})" for p in pngs) + "."]
+    if pngs:
+        lines += ["", "Figures: " + ", ".join(f"[{stem}]({_rel(p, out)})" for stem, p in pngs.items()) + "."]
     if theory is not None:
-        lines += [f"Controlled checks of Lemma 4.2 / Prop. 4.3 (softmax policies and a tiny LM): "
-                  f"[{_rel(theory, out)}]({_rel(theory, out)})."]
+        lines += ["", f"Controlled checks of Lemma 4.2 / Prop. 4.3 (softmax policies and a tiny LM): "
+                      f"[{_rel(theory, out)}]({_rel(theory, out)})."]
     else:
-        lines += ["Controlled checks of Lemma 4.2 / Prop. 4.3: run `python -m analysis.theory` (results/theory/summary.md)."]
-    lines += ["Verdict rules in full, table and figure definitions: docs/analysis.md."]
+        lines += ["", "Controlled checks of Lemma 4.2 / Prop. 4.3: run `python -m analysis.theory` (results/theory/summary.md)."]
+    lines += ["", "Verdict rules in full, table and figure definitions: docs/analysis.md."]
     lines += data_problems_section(an.data)
     return "\n".join(lines) + "\n"
+
+
+SECTION_FIGURES = 2
+"""Figures drawn inline in a claim's section; the rest of its figures are linked."""
+
+
+def _anchor(c: Claim) -> str:
+    """GitHub's anchor of the claim's section heading."""
+    heading = f"{c.key} {c.claim}".lower()
+    return re.sub(r"[^\w\- ]", "", heading).replace(" ", "-")
+
+
+def claim_section(c: Claim, pngs: dict[str, Path], out: Path) -> list[str]:
+    """One claim's REPORT.md section: verdict, rule, the paper's statement, our statistics, its figures."""
+    lines = ["", f"## {c.key} {c.claim}", "", f"**{c.verdict}**: ours {c.headline}; paper {c.paper_headline}.", "",
+             f"- **Rule.** {c.rule}", f"- **Paper.** {c.paper}", "- **Ours.**",
+             *(f"  - {d}" for d in c.details)]
+    shown = [pngs[s] for s in c.figures if s in pngs]
+    if shown:
+        lines += ["", *(f"![{p.stem}]({_rel(p, out)})" for p in shown[:SECTION_FIGURES])]
+        if shown[SECTION_FIGURES:]:
+            lines += ["", "More: " + ", ".join(f"[{p.stem}]({_rel(p, out)})" for p in shown[SECTION_FIGURES:]) + "."]
+    return lines
+
+
+def summary_text(claims: list[Claim], report: Path) -> str:
+    """What the terminal shows after the analysis: one line per claim (key, verdict, ours in one number)."""
+    width = max(len(c.verdict) for c in claims) if claims else 0
+    rows = [f"  {c.key}  {c.verdict:<{width}}  {c.short}: {c.headline}" for c in claims]
+    return "\n".join(["claims (verdict, ours in one number):", *rows, f"full report: {report}"])
 
 
 def make_report(runs: Path, out: Path = Path("results"), figures_dir: Path = Path("paper_figures"), seed: int = 0,
                 n_boot: int = N_BOOT, with_figures: bool = True, mechanism: Path | None = None) -> Path:
     """Load ``runs`` (and the mechanism sweep's ``mechanism`` directory, if given), write tables, figures and
     ``out/REPORT.md``; return the report's path."""
+    return write_report(runs, out, figures_dir, seed, n_boot, with_figures, mechanism)[0]
+
+
+def write_report(runs: Path, out: Path = Path("results"), figures_dir: Path = Path("paper_figures"), seed: int = 0,
+                 n_boot: int = N_BOOT, with_figures: bool = True,
+                 mechanism: Path | None = None) -> tuple[Path, list[Claim]]:
+    """:func:`make_report`, returning the judged claims too."""
     data = load_grid(runs)
     an = analyze(data, seed=seed, n_boot=n_boot, mechanism=load_grid(mechanism) if mechanism else None)
     tables_dir = Path(out) / "tables"
@@ -488,12 +588,12 @@ def make_report(runs: Path, out: Path = Path("results"), figures_dir: Path = Pat
         fig_paths += figs.save(figs.fig_class_aware(an.mechanism), figures_dir, "mechanism_class_aware")
     claims = build_claims(an)
     pd.DataFrame([{"key": c.key, "claim": c.claim, "paper": c.paper, "ours": c.ours, "verdict": c.verdict,
-                   "rule": c.rule} for c in claims]).to_csv(tables_dir / "claims.csv", index=False)
+                   "headline": c.headline, "rule": c.rule} for c in claims]).to_csv(tables_dir / "claims.csv", index=False)
     path = Path(out) / "REPORT.md"
     atomic_write_text(path, report_markdown(an, claims, Path(out), tables_dir, fig_paths, Path(runs), mechanism))
     logger.info("wrote %s, %d tables in %s, %d figure files in %s", path, len(list(tables_dir.glob("*.md"))),
                 tables_dir, len(fig_paths), figures_dir)
-    return path
+    return path, claims
 
 
 # ------------------------------------------------------------------------------------------ CLI
@@ -517,11 +617,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        path = make_report(args.runs, args.out, args.figures, args.seed, args.n_boot, not args.no_figures, args.mechanism)
+        path, claims = write_report(args.runs, args.out, args.figures, args.seed, args.n_boot, not args.no_figures,
+                                    args.mechanism)
     except (FileNotFoundError, ValueError) as exc:
         print(f"analysis.report: {exc}", file=sys.stderr)
         return 2
-    print(path.read_text())
+    print(summary_text(claims, path))
     return 0
 
 

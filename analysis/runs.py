@@ -8,7 +8,8 @@ with ``metrics.jsonl`` (one line per RL step), ``eval.jsonl`` (one line per eval
 frame       one row per
 =========== =====================================================================================================
 runs        run: the index tags (task, setting, estimator, assignment, entry, seed, level), status, seconds, path,
-            n_steps, last_step, last_eval_step, usable (done, with a final eval), problem (why not usable)
+            n_steps, last_step, last_eval_step, usable (done, with a final eval unless
+            its config says train.evaluate=false), problem (why not usable)
 steps       (run, step): every ``metrics.jsonl`` key as a column (wide; keys a run lacks are NaN)
 agents      (run, step, agent): grad_norm, spike, spike_ratio, reward_mean (μk), reward_std (σk), lemma_factor,
             adv_m2, invalid_rate, response_len, steps, tokens, ... (``agent/{k}/*`` and ``tokens/{k}``)

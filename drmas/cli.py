@@ -1,8 +1,10 @@
-"""Command line: ``drmas train|sft|eval|data``.
+"""The drmas command line: train, sft, eval, config, data (``drmas --help`` lists them with examples).
 
     drmas train CONFIG.yaml [key.sub=value ...]     SFT warm-up of missing models, then RL
     drmas sft CONFIG.yaml [overrides]               only the warm-up
     drmas eval RUN_DIR [overrides]                  evaluation of a finished run's checkpoint
+    drmas config show CONFIG.yaml [overrides]       the effective config, each field with its description
+    drmas config list                               the shipped configs
     drmas data prepare {math,search} [options]      write the data files a run needs
 """
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import logging
 import sys
 from contextlib import nullcontext
+from pathlib import Path
 
 from drmas.checkpoints import CheckpointDamaged, CheckpointMismatch
 from drmas.config import ConfigError, load_config
@@ -73,8 +76,6 @@ def _log_device(spec: str, precision: str) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from drmas.trainer.trainer import Trainer
 
     cfg = load_config(Path(args.run_dir) / "config.yaml", args.overrides)
@@ -92,6 +93,52 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config_show(args: argparse.Namespace) -> int:
+    from drmas.config.describe import describe_config
+
+    if args.config is not None and "=" in args.config and not Path(args.config).exists():  # only overrides given
+        args.config, args.overrides = None, [args.config, *args.overrides]
+    print(describe_config(load_config(args.config, args.overrides)), end="")
+    return 0
+
+
+def cmd_config_list(args: argparse.Namespace) -> int:
+    from drmas.config.describe import CONFIGS, shipped_configs
+
+    configs = shipped_configs()
+    if not configs:
+        print(f"drmas: no shipped configs under {CONFIGS} (they come with a repository checkout)", file=sys.stderr)
+        return 1
+    for path, summary in configs:
+        print(f"{path.relative_to(CONFIGS.parents[1])}\n    {summary}")
+    return 0
+
+
+MAIN_HELP = """\
+Dr. MAS: RL for multi-agent LLM systems with agent-wise advantage normalization.
+
+examples:
+  drmas train experiments/configs/cpu/math_base.yaml                       # SFT warm-up if needed, then RL
+  drmas train experiments/configs/cpu/math_base.yaml algo.estimator=trajectory_grpo name=grpo
+  drmas config show experiments/configs/cpu/search_base.yaml train.steps=5  # what a run would use, explained
+  drmas config list                                                         # the shipped configs
+  drmas eval results/runs/grpo                                              # evaluate a run's latest checkpoint
+
+the whole suite (grid, tables, figures, REPORT.md):  bash experiments/run_all.sh
+analysis of a grid directory:  python -m analysis.report --runs results/runs/cpu   (docs/analysis.md)
+"""
+
+OVERRIDE_HELP = """\
+CONFIG is a YAML run config. Shipped: experiments/configs/cpu/ (the embedded default, 2 CPU cores), gpu/ (one
+GPU), paper/ (the paper's settings): `drmas config list`. Every field, its value and meaning: `drmas config show
+CONFIG`. Overrides change any field as key.sub=value, the value read as YAML:
+  train.steps=5  algo.estimator=trajectory_grpo  algo.shared_prefix=off  name=my_run
+  agents.solver.lr=1e-4   (list entries by `name` or by position: agents.0.lr=1e-4)
+  models.shared.path=results/sft/math/base_tiny
+The run folder is out_dir/name (default results/runs/run); a bad config stops before any work, naming the key.
+"""
+
+
 def cmd_data(args: argparse.Namespace) -> int:
     result = args.prepare_run(args)
     print(json.dumps(result, indent=2, default=str))
@@ -99,23 +146,38 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="drmas", description=__doc__.splitlines()[0])
-    parser.add_argument("--log-level", default="info")
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, helptext in (("train", "SFT warm-up (if needed) then RL"), ("sft", "only the SFT warm-up")):
-        p = sub.add_parser(name, help=helptext)
-        p.add_argument("config")
-        p.add_argument("overrides", nargs="*", help="key.sub=value")
-        p.add_argument("--no-progress", action="store_true")
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(prog="drmas", description=MAIN_HELP, formatter_class=raw)
+    parser.add_argument("--log-level", default="info", help="debug, info (default), warning or error")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,sft,eval,config,data}")
+    for name, helptext in (("train", "SFT warm-up of missing base models, then RL"), ("sft", "only the SFT warm-up")):
+        p = sub.add_parser(name, help=helptext, description=f"{helptext}.\n\n{OVERRIDE_HELP}", formatter_class=raw)
+        p.add_argument("config", help="YAML run config, e.g. experiments/configs/cpu/math_base.yaml")
+        p.add_argument("overrides", nargs="*", help="key.sub=value (see above)")
+        p.add_argument("--no-progress", action="store_true", help="no progress bar")
         if name == "train":
             p.add_argument("--stale", choices=STALE_POLICIES, default="error",
                            help="a run folder made with another config: stop and list the keys (error), move its "
                                 "files aside to <name>.stale-<k> and start afresh (rerun), or continue it (keep)")
         p.set_defaults(func=cmd_train, sft_only=name == "sft", stale="error")
-    p = sub.add_parser("eval", help="evaluate a run's latest checkpoint")
-    p.add_argument("run_dir")
-    p.add_argument("overrides", nargs="*")
+    p = sub.add_parser("eval", help="evaluate a run's latest checkpoint", formatter_class=raw,
+                       description="Evaluate a run's latest checkpoint on its config's benchmarks (the run's "
+                                   "eval.jsonl is left as training wrote it).\n\nexample:\n"
+                                   "  drmas eval results/runs/run train.eval_samples=16")
+    p.add_argument("run_dir", help="a run folder (holds config.yaml and checkpoints/)")
+    p.add_argument("overrides", nargs="*", help="key.sub=value")
     p.set_defaults(func=cmd_eval)
+    p = sub.add_parser("config", help="show a config with its field descriptions, list the shipped ones")
+    config_sub = p.add_subparsers(dest="config_command", required=True)
+    show = config_sub.add_parser("show", help="the effective config, each field with its description",
+                                 description=f"Print the effective config (defaults, file, overrides) as YAML, "
+                                             f"each field commented with its description.\n\n{OVERRIDE_HELP}",
+                                 formatter_class=raw)
+    show.add_argument("config", nargs="?", default=None, help="YAML run config (default: the built-in defaults)")
+    show.add_argument("overrides", nargs="*", help="key.sub=value")
+    show.set_defaults(func=cmd_config_show)
+    config_sub.add_parser("list", help="the shipped configs (cpu: the embedded default, gpu: one GPU, paper)") \
+        .set_defaults(func=cmd_config_list)
     p = sub.add_parser("data", help="data preparation")
     data_sub = p.add_subparsers(dest="data_command", required=True)
     prep = data_sub.add_parser("prepare", help="write the files a run needs")

@@ -6,7 +6,7 @@
 #   2. the CPU default grid's math and search settings on the GPU (experiments/grids/cpu.yaml, one run per
 #      entry, short SFT, a few RL steps each, `--jobs auto`): s/step per setting, tokens/s; then 1, 2, 4, 8
 #      concurrent copies of the math non-sharing run: how many concurrent runs pay off; from both, the time of
-#      the whole default grid on this GPU against its measured 47.4 min on 2 CPU cores (run_all.sh on a clean clone, session 6) (<= 270 s);
+#      the whole default grid on this GPU against its measured 47.4 min on 2 CPU cores (run_all.sh, results deleted) (<= 270 s);
 #   3. if time is left (9 min in all): the first steps of the gpu grid (experiments/grids/gpu.yaml), one run
 #      per entry, and the estimate of its full time.
 #

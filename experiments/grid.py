@@ -422,23 +422,32 @@ def checkpoints_ready(run: Run) -> bool:
 
 
 def run_grid(grid: Grid, jobs: int | str = 2, only: str | None = None, dry_run: bool = False,
-             stale: str = "error", device: str = "auto", ray_address: str | None = None) -> dict[str, str]:
+             stale: str = "error", device: str = "auto", ray_address: str | None = None,
+             summary: Path | None = None) -> dict[str, str]:
     """:func:`_run_grid` holding the lock of ``grid.out_dir`` (a second runner on it stops at once with
     ``FolderLocked`` naming the first), and ending every child process on SIGTERM/SIGINT."""
     if dry_run:
         return _run_grid(grid, jobs, only, dry_run, stale, device, ray_address)
     with folder_lock(grid.out_dir, "grid out_dir"), children_end_with_me():
-        return _run_grid(grid, jobs, only, dry_run, stale, device, ray_address)
+        return _run_grid(grid, jobs, only, dry_run, stale, device, ray_address, summary)
+
+
+def summary_line(grid: Grid, computed: int, reused: int, failed: int) -> str:
+    """One line saying what a call did: runs computed now, runs reused (complete before it), runs failed."""
+    return (f"{grid.name}: {computed + reused + failed} run(s) in {grid.out_dir}: {computed} computed now, {reused} reused "
+            "(complete before)" + (f", {failed} FAILED" if failed else ""))
 
 
 def _run_grid(grid: Grid, jobs: int | str = 2, only: str | None = None, dry_run: bool = False,
-              stale: str = "error", device: str = "auto", ray_address: str | None = None) -> dict[str, str]:
+              stale: str = "error", device: str = "auto", ray_address: str | None = None,
+              summary: Path | None = None) -> dict[str, str]:
     """Run every incomplete run of ``grid`` (``only``: fnmatch pattern(s) on run names, comma-separated).
     Returns run name -> error for the runs that failed; the others are complete. ``stale``: what to do
     with run folders made with another config (:func:`set_aside_stale`). ``jobs``: runs at a time, or
     ``auto`` (:func:`auto_jobs`); ``device``: every run's ``train.device`` (``auto``: the configs' own);
     ``ray_address``: run every command as a task on that Ray cluster (:class:`RayLauncher`; ``local`` starts
-    a local head) instead of as a subprocess of this machine.
+    a local head) instead of as a subprocess of this machine; ``summary``: a file that gets one line appended,
+    what this call computed and what it reused (:func:`summary_line`).
 
     Scheduling: the warm-ups start first, each holding one of the ``jobs`` lanes while it runs; a run
     starts on a free lane as soon as its checkpoints exist (queue order otherwise), so search runs go
@@ -456,16 +465,25 @@ def _run_grid(grid: Grid, jobs: int | str = 2, only: str | None = None, dry_run:
     if not dry_run:
         set_aside_stale(grid, selected, stale)
     todo = [r for r in selected if run_status(grid.out_dir / r.name) != "done"]
-    for r in selected:
-        if r not in todo:
-            logger.info("[grid] %s complete: skipped", r.name)
+    reused = len(selected) - len(todo)
     if dry_run:
         for r in todo:
             print(" ".join(r.command(grid.out_dir, device)))
         return {}
+    logger.info("[grid] %s: %d run(s) already complete (reused), %d to compute", grid.name, reused, len(todo))
+    failed = _run_todo(grid, todo, jobs, gpus, device, launcher) if todo else {}
     if not todo:
         write_index(grid, {}, {})
-        return {}
+    line = summary_line(grid, len(todo) - len(failed), reused, len(failed))
+    logger.info("[grid] %s", line)
+    if summary is not None:
+        with open(summary, "a") as fh:
+            fh.write(line + "\n")
+    return failed
+
+
+def _run_todo(grid: Grid, todo: list[Run], jobs: int, gpus: int, device: str, launcher: Any) -> dict[str, str]:
+    """Run ``todo`` on ``jobs`` lanes (warm-ups first); returns run name -> error for the runs that failed."""
     warming = _start_warm_up(grid, todo, device, launcher)
     timings: dict[str, float] = {}
     failed: dict[str, str] = {}
@@ -551,6 +569,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--ray", dest="ray_address", default=None, metavar="ADDRESS",
                        help="run every command as a task on this Ray cluster (e.g. auto, 10.0.0.1:6379, or local)")
         p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+        p.add_argument("--summary", type=Path, default=None, metavar="FILE",
+                       help="append one line to FILE: runs computed now and runs reused (run_all.sh's summary)")
         p.add_argument("--stale", choices=STALE_POLICIES, default="error",
                        help="run folders made with another config: stop and list them (error), move them aside "
                             "and run again (rerun), or use them (keep)")
@@ -566,6 +586,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default=None)
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--stale", choices=STALE_POLICIES, default="error")
+    p.add_argument("--summary", type=Path, default=None, metavar="FILE")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     try:
@@ -582,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{status:8s} {r.name:40s} {r.config} {' '.join(r.overrides)}")
             return 0
         failed = run_grid(grid, jobs=args.jobs, only=args.only, dry_run=args.dry_run, stale=args.stale,
-                          device=args.device, ray_address=args.ray_address)
+                          device=args.device, ray_address=args.ray_address, summary=args.summary)
     except GridError as exc:
         print(f"experiments.grid: {exc}", file=sys.stderr)
         return 2

@@ -6,7 +6,7 @@ the sha256 of every file; ``bases.json`` gathers them in one place for a reader 
 new ``built`` note: the others keep theirs (the shipped bases need not all come from one machine). ``used_by``
 lists the CPU configs whose models start from the base.
 
-    python -m experiments.record_bases search/base_nano search/base_tiny --built "2026-12-01, CPU (2 cores)"
+    python -m experiments.record_bases search/base_nano search/base_tiny --built "2026-12-01; drmas sft CONFIG; 2 CPU cores"
 
 ``run_all.sh --rebuild-bases`` calls it for every base after the warm-ups.
 """
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("bases", nargs="*", help="bases to record anew, e.g. search/base_nano (default: every base "
                                              "under --root)")
-    ap.add_argument("--built", required=True, help="how and where the named bases were built (date, machine)")
+    ap.add_argument("--built", required=True, help="the named bases' build record: date; command; machine (e.g. '2026-12-01; drmas sft CONFIG; 2 CPU cores')")
     ap.add_argument("--root", type=Path, default=ROOT)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

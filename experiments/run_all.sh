@@ -6,6 +6,8 @@
 # grid experiments/grids/<scale>.yaml), analysis. Sets up the environment itself (idempotent). Resumable: complete
 # runs are skipped, interrupted runs resume from their checkpoint. The SFT'd base checkpoints of the CPU grid are
 # shipped in results/sft/ (this scale's "pre-trained models"; results/sft/bases.json says how they were made).
+# On a fresh clone every run is committed: they are reused and only the analysis is rebuilt (~1 min); the end says
+# what was computed and what reused, and each claim's verdict (details: results/REPORT.md).
 #   --seeds N      seeds per grid entry (default: the grid's own; the CPU grid: 3, math 4, single agent fewer)
 #   --runs PATTERN only runs whose names match (fnmatch, comma-separated), e.g. 'math_*'
 #   --jobs N       runs at a time (default auto: one per CPU core, one torch thread each; on a GPU machine
@@ -38,7 +40,7 @@ while [ $# -gt 0 ]; do
     --device) DEVICE="$2"; shift 2 ;;
     --stale) STALE="$2"; shift 2 ;;
     --rebuild-bases) REBUILD=1; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "run_all.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -51,21 +53,26 @@ export PYTHONHASHSEED=0
 
 want() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
 stage() { echo; echo "==== [run_all] stage: $1 ($(date +%H:%M:%S))"; }
+SUMMARY="$(mktemp -d)"  # what each stage computed or reused, and the claims: printed at the end
+trap 'rm -rf "$SUMMARY"' EXIT
+note() { echo "$1" >> "$SUMMARY/runs.txt"; }
 
-done_already() { echo "[run_all] $1 exists: stage complete, skipped (delete it to redo the stage)"; }
+done_already() { echo "[run_all] $1 exists: stage complete, skipped (delete it to redo the stage)"; note "$2 reused"; }
 
 if want bench; then
   stage "bench: vectorized advantages vs per-row loops (ratios measured in this run)"
-  if [ -s results/bench/advantages.txt ]; then done_already results/bench/advantages.txt; else
+  if [ -s results/bench/advantages.txt ]; then done_already results/bench/advantages.txt bench; else
     mkdir -p results/bench
     "$PY" benchmarks/bench_advantages.py > results/bench/advantages.txt.tmp
     mv results/bench/advantages.txt.tmp results/bench/advantages.txt && cat results/bench/advantages.txt
+    note "bench computed"
   fi
 fi
 if want theory; then
   stage "theory: Lemma 4.2 / Proposition 4.3 checks"
-  if [ -s results/theory/summary.md ]; then done_already results/theory/summary.md; else
+  if [ -s results/theory/summary.md ]; then done_already results/theory/summary.md theory; else
     "$PY" -m analysis.theory --out results/theory
+    note "theory computed"
   fi
 fi
 GRID="experiments/grids/$SCALE.yaml"
@@ -80,30 +87,43 @@ if want train; then
   echo "[run_all] device: $("$PY" -m drmas.devices "$DEVICE") (--device $DEVICE)"
   if [ "$SCALE" = cpu ] && [ -z "$RUNS" ]; then  # first: it is short and it is the test of the mechanism (claim a)
     stage "train: the mechanism sweep ($MECH): retrieval-miss rate x estimator x seed, short runs without evaluation"
-    "$PY" -m experiments.grid run "$MECH" --jobs "$JOBS" --device "$DEVICE" --stale "$STALE"
+    "$PY" -m experiments.grid run "$MECH" --jobs "$JOBS" --device "$DEVICE" --stale "$STALE" --summary "$SUMMARY/grids.txt"
     stage "train: rollout probes of the search system's outcome structure (experiments/probe_search.py, ~2 min)"
     mkdir -p results/mechanism
     for miss in 0 0.6 0.8 0.9; do  # the levels the grid's miss rate was chosen from (search_base.yaml)
       probe="results/mechanism/probe_miss$miss.json"
-      if [ -s "$probe" ]; then done_already "$probe"; else
+      if [ -s "$probe" ]; then done_already "$probe" probe; else
         "$PY" -m experiments.probe_search experiments/configs/cpu/search_base.yaml env.args.miss_rate=$miss \
           train.batch_tasks=8 --steps 4 --grad-samples 40 --out "$probe" > "$probe.log" 2>&1 \
           || { echo "[run_all] probe at miss $miss failed; see $probe.log"; exit 1; }
+        note "probe computed"
       fi
     done
   fi
   stage "train: the $SCALE grid ($GRID): SFT warm-up of missing base checkpoints, then every run not yet complete"
   "$PY" -m experiments.grid run "$GRID" --jobs "$JOBS" --device "$DEVICE" --stale "$STALE" ${SEEDS:+--seeds "$SEEDS"} \
-    ${RUNS:+--only "$RUNS"}
+    ${RUNS:+--only "$RUNS"} --summary "$SUMMARY/grids.txt"
   if [ "$REBUILD" = 1 ]; then  # the rebuilt bases' hashes and build records (tests/test_mechanism.py checks them)
-    "$PY" -m experiments.record_bases --built "$(date +%F), bash experiments/run_all.sh --rebuild-bases on $("$PY" -m drmas.devices "$DEVICE")"
+    "$PY" -m experiments.record_bases --built "$(date +%F); bash experiments/run_all.sh --rebuild-bases; $("$PY" -m drmas.devices "$DEVICE")"
   fi
 fi
 if want analysis; then
   stage "analysis: tables, figures, statistics and results/REPORT.md from $(out_dir "$GRID")"
   MECH_ARGS=()
   if [ "$SCALE" = cpu ] && [ -f "$(out_dir "$MECH")/index.json" ]; then MECH_ARGS=(--mechanism "$(out_dir "$MECH")"); fi
-  "$PY" -m analysis.report --runs "$(out_dir "$GRID")" --out results --figures paper_figures "${MECH_ARGS[@]}"
+  "$PY" -m analysis.report --runs "$(out_dir "$GRID")" --out results --figures paper_figures "${MECH_ARGS[@]}" \
+    > "$SUMMARY/claims.txt"
 fi
 echo
-echo "[run_all] done."
+echo "==== [run_all] done ($(date +%H:%M:%S))"
+if [ -s "$SUMMARY/grids.txt" ]; then
+  echo "runs:"; sed 's/^/  /' "$SUMMARY/grids.txt"
+  if grep -q " 0 computed now" "$SUMMARY/grids.txt"; then
+    echo "  (committed runs are reused; to recompute them, ~47 min on 2 CPU cores: docs/experiments.md, \"What a fresh clone does\")"
+  fi
+fi
+if [ -s "$SUMMARY/runs.txt" ]; then  # e.g. "other outputs: bench reused, probe reused x4, theory reused"
+  echo "other outputs: $(sort "$SUMMARY/runs.txt" | uniq -c | awk '{printf "%s%s %s%s", sep, $2, $3, ($1 > 1 ? " x" $1 : ""); sep = ", "}')"
+fi
+[ -s "$SUMMARY/claims.txt" ] && cat "$SUMMARY/claims.txt"
+exit 0

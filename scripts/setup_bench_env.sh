@@ -10,8 +10,9 @@ BENCH="${DRMAS_BENCH_VENV:-$ROOT/.venv-bench}"
 [ -x "$MAIN/bin/python" ] || { echo "[bench-setup] no $MAIN: run scripts/setup_env.sh first" >&2; exit 1; }
 source "$ROOT/scripts/venv_lib.sh"
 ensure_venv "$BENCH" "$MAIN/bin/python" bench-setup
-# the main environment's site-packages behind the bench environment's own (a .pth line adds it to sys.path)
-"$MAIN/bin/python" -c "import site; print(site.getsitepackages()[0])" \
+# the main environment's site-packages behind the bench environment's own: site.addsitedir also runs that
+# directory's own .pth files, among them the editable install's, so `import drmas` works in .venv-bench too
+"$MAIN/bin/python" -c "import site; print(f'import site; site.addsitedir({site.getsitepackages()[0]!r})')" \
   > "$("$BENCH/bin/python" -c "import site; print(site.getsitepackages()[0])")/drmas_main_venv.pth"
 # TRL and what it needs beyond the main environment; torch and transformers are found there and kept
 "$BENCH/bin/python" -m pip install -q "trl==1.16.0" "torch==2.13.0"

@@ -359,6 +359,7 @@ def make_mechanism_grid(root: Path, factors: dict[float, float], seeds=(0, 1, 2)
                     lines.append(json.dumps(m))
                 (root / run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
                 (root / run / "DONE").write_text("")
+                (root / run / "manifest.json").write_text(json.dumps({"config": {"train": {"evaluate": False}}}))
                 entries.append({"run": run, "task": "search", "setting": f"mechanism:miss={level:g}", "estimator": est,
                                 "assignment": "nonsharing", "entry": run[:-3], "seed": seed, "level": level,
                                 "status": "done", "seconds": 10.0})
@@ -369,7 +370,9 @@ def make_mechanism_grid(root: Path, factors: dict[float, float], seeds=(0, 1, 2)
 def test_mechanism_points_pair_each_baseline_with_drmas(tmp_path):
     from analysis.mechanism import mechanism_points, mechanism_verdict
 
-    pts = mechanism_points(load_grid(make_mechanism_grid(tmp_path / "m", {0.0: 1.0, 0.5: 1.5, 0.75: 2.5, 0.9: 4.0})))
+    sweep = load_grid(make_mechanism_grid(tmp_path / "m", {0.0: 1.0, 0.5: 1.5, 0.75: 2.5, 0.9: 4.0}))
+    assert sweep.problems == [] and sweep.runs["usable"].all()  # no evaluation by design (train.evaluate=false)
+    pts = mechanism_points(sweep)
     assert set(pts["baseline"]) == {"trajectory_grpo", "pooled_grpo"} and len(pts) == 2 * 4 * 3 * 2
     answer = pts[(pts["baseline"] == "trajectory_grpo") & (pts["agent"] == "answer")].groupby("level")
     np.testing.assert_allclose(answer["factor"].mean(), [1.0, 1.5, 2.5, 4.0], rtol=0.05)
@@ -430,3 +433,43 @@ def test_class_aware_rule_predicts_where_the_paper_factor_does_not(tmp_path):
 
     j = judge_prediction(off[off["baseline"] == "trajectory_grpo"], "pred_class", "class_factor", "class_factor_step0", "x")
     assert j.verdict == "not reproduced" and "scale off" in j.reason
+
+
+def test_regenerating_the_analysis_is_byte_identical(tmp_path):
+    """The same runs give the same bytes in every file the analysis writes (PDF/PNG without dates or software
+    stamps, tables, REPORT.md), so a rerun of run_all.sh leaves `git status` clean."""
+    from analysis.report import make_report
+
+    small = make_grid(tmp_path / "grid", tasks=("search",), seeds=(0,))  # a small set of runs: every kind of figure
+    mech = make_mechanism_grid(tmp_path / "mech", {0.0: 1.0, 0.9: 4.0}, seeds=(0,))
+    written = []
+    for name in ("first", "second"):
+        root = tmp_path / name
+        make_report(small, root / "out", root / "figs", n_boot=20, mechanism=mech)
+        written.append({p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()})
+    assert written[0].keys() == written[1].keys() and any(p.suffix == ".pdf" for p in written[0])
+    changed = [str(p) for p in written[0] if written[0][p] != written[1][p]]
+    assert not changed, f"differ between two runs on the same data: {changed}"
+
+
+def test_report_opens_with_a_verdict_table_then_one_section_per_claim(grid, tmp_path):
+    """REPORT.md's layout: a short verdict table (claim, paper, ours in one number, verdict), then a section per
+    claim with its rule, statistics and inline figure; a judge that returns only claim/paper/ours/verdict
+    still renders (first clauses in the table, every clause a bullet)."""
+    from analysis import report as rep
+
+    an = rep.analyze(load_grid(grid), n_boot=50)
+    bare = rep.ClaimSpec("z", judge=lambda an: rep.Judged("a new claim", "paper 1; more", "ours 2 (x; y); z 3",
+                                                         rep.FINDING), rule="a rule")
+    claims = [*rep.build_claims(an), bare.evaluate(an)]
+    figs = {"ablation_search": tmp_path / "figs" / "ablation_search.png"}
+    text = rep.report_markdown(an, claims, tmp_path, tmp_path / "tables", list(figs.values()), grid)
+    table = text.split("\n\n")[2].splitlines()
+    assert table[0] == "| | claim | paper | ours | verdict |" and len(table) == 2 + len(claims)
+    assert all(len(row) < 400 for row in table), "verdict table cells must stay short"
+    assert "| z | [a new claim](#z-a-new-claim) | paper 1 | ours 2 (x; y) | **finding (no paper value)** |" in table
+    section = text.split("## z a new claim")[1].split("\n## ")[0]
+    assert "- **Rule.** a rule" in section and "  - ours 2 (x; y)\n  - z 3" in section
+    d = text.split("## d ")[1].split("\n## ")[0]
+    assert "![ablation_search](figs/ablation_search.png)" in d and "Kendall tau" in d
+    assert rep.summary_text(claims, Path("R.md")).splitlines()[-1] == "full report: R.md"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+import pytest
 from pydantic import BaseModel
 
 from drmas.algos.advantages import Conventions
@@ -31,3 +32,39 @@ def test_every_config_field_is_described():
 def test_algo_conventions_default_to_the_one_dataclass():
     assert AlgoConfig().conventions() == Conventions()
     assert asdict(AlgoConfig().conventions()) == asdict(Conventions())
+
+
+def _yaml_word_fields() -> list[tuple[type[BaseModel], str, str]]:
+    """(section, field, choice) for every string choice of a Literal field that YAML 1.1 reads as a bool or number."""
+    import yaml
+
+    from drmas.config.schema import literal_choices
+
+    out = []
+    for m in _sections(RunConfig, set()):
+        for name, f in m.model_fields.items():
+            for c in literal_choices(f.annotation):
+                if isinstance(c, str) and not isinstance(yaml.safe_load(c), str):
+                    out.append((m, name, c))
+    return out
+
+
+def test_every_choice_yaml_reads_as_a_bool_is_taken_as_written():
+    import yaml
+
+    found = _yaml_word_fields()
+    assert ("AlgoConfig", "shared_prefix", "off") in {(m.__name__, n, c) for m, n, c in found}
+    for section, name, choice in found:  # YAML turns the word into True/False/a number; the field gets the word back
+        assert getattr(section.model_validate({name: yaml.safe_load(choice)}), name) == choice
+
+
+@pytest.mark.parametrize("word", ["on", "off", "auto"])
+def test_shared_prefix_on_off_as_override_and_in_a_file(tmp_path, word):
+    from drmas.config import load_config
+
+    assert load_config(None, [f"algo.shared_prefix={word}"]).algo.shared_prefix == word
+    path = tmp_path / "c.yaml"
+    path.write_text(f"algo:\n  shared_prefix: {word}\n")
+    assert load_config(path).algo.shared_prefix == word
+    with pytest.raises(Exception, match="shared_prefix"):  # a real mistake is still refused, naming the key
+        load_config(None, ["algo.shared_prefix=maybe"])

@@ -248,8 +248,8 @@ def test_a_worker_that_cannot_start_scores_zero_and_counts_errors(monkeypatch, t
 
 @pytest.mark.parametrize("n_jobs, workers", [(1, 4), (4, 2), (5, 2), (8, 2), (8, 4), (7, 3), (3, 8)])
 def test_a_batch_is_spread_over_every_worker(n_jobs, workers):
-    """Issue 17: a batch of n pathological answers is bounded by timeout x ceil(n / workers): every worker
-    gets a chunk (a batch under 8 answers used to run on one worker, one timeout after another)."""
+    """A batch of n pathological answers is bounded by timeout x ceil(n / workers): every worker
+    gets a chunk (a batch under 8 answers on one worker would run one timeout after another)."""
     import math
 
     from envs.math.grader import chunk_bounds

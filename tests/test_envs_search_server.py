@@ -92,7 +92,7 @@ def test_single_query_and_bare_documents(server):
     (json.dumps({"queries": ["a"], "topk": True}).encode(), 422, "topk"),
     (json.dumps({"queries": ["a"], "return_scores": "yes"}).encode(), 422, "return_scores"),
     (json.dumps({"queries": ["a"], "pad": "x" * 3000}).encode(), 413, "body .* limit .* 2000"),
-    (b"[" * 1999, 400, "nested 1999 levels deep; the limit is 400"),  # issue 17: was a RecursionError 500
+    (b"[" * 1999, 400, "nested 1999 levels deep; the limit is 400"),  # not a RecursionError 500
     (b'{"queries": ["a"], "x": ' + b"[" * 401 + b"]" * 401 + b"}", 400, "nested 402 levels"),
     (json.dumps({"queries": ["a"] * 4, "topk": 10}).encode(), 413, "= 40 results; the limit is 30"),
 ])
@@ -116,7 +116,7 @@ def _raw_http(url: str) -> socket.socket:
 
 def test_a_half_sent_body_is_answered_408_and_closed(bm25_server):
     """A client that announces 100 bytes and sends 10 gets 408 after ``body_timeout_s``, and the connection
-    closes (300 such bodies used to stay open)."""
+    closes (300 such bodies must not stay open)."""
     url, _ = bm25_server
     with _raw_http(url) as sock:
         sock.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -180,8 +180,8 @@ def test_an_answer_over_max_response_bytes_is_refused_with_413(kb, tmp_path):
 @pytest.mark.slow
 def test_the_server_hands_back_the_memory_of_large_requests(tmp_path):
     """16 legal requests of 4,000 results each (~12 MB answers) from 8 threads raise the server's RSS by
-    over 30 MiB; a second after the last answer it is back within 25 MiB of where it started (issue 17:
-    32 maximum-size requests took it from 172 MB to 980 MB and it kept 907 MB). Fails without
+    over 30 MiB; a second after the last answer it is back within 25 MiB of where it started
+    (without the bounds, 32 maximum-size requests took it from 172 MB to 980 MB and it kept 907 MB). Fails without
     ``release_memory`` after large requests and one malloc arena (``--malloc-arenas``)."""
     import numpy as np
     import psutil

@@ -189,7 +189,7 @@ def test_mini_grid_survives_sigkill_and_restart(tmp_path):
     proc = _runner(spec, tmp_path / "runner2.log")
     assert proc.wait(timeout=300) == 0, (tmp_path / "runner2.log").read_text()[-3000:]
     log = (tmp_path / "runner2.log").read_text()
-    assert "math_nonsharing_grpo_s0 complete: skipped" in log
+    assert "1 computed now, 1 reused (complete before)" in log
     assert {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()} == finished  # nothing redone
     index = json.loads((runs / "index.json").read_text())
     assert [(r["run"], r["status"]) for r in index["runs"]] == [
@@ -201,7 +201,7 @@ def test_mini_grid_survives_sigkill_and_restart(tmp_path):
     # a third invocation does no training at all
     proc = _runner(spec, tmp_path / "runner3.log")
     assert proc.wait(timeout=120) == 0
-    assert (tmp_path / "runner3.log").read_text().count("complete: skipped") == 2
+    assert "2 run(s) in" in (log3 := (tmp_path / "runner3.log").read_text()) and "0 computed now, 2 reused" in log3
 
     # the analysis stage on the miniature: tables, figures and REPORT.md from the two run directories
     from analysis.report import main as report_main
@@ -214,7 +214,7 @@ def test_mini_grid_survives_sigkill_and_restart(tmp_path):
 
 
 def test_only_warms_up_the_bases_its_runs_need(tmp_path):
-    """`--only math_*` starts the math warm-up only (it used to start the search warm-ups too); a base that
+    """`--only math_*` starts the math warm-up only, not the search warm-ups; a base that
     exists is not warmed up again."""
     sft = tmp_path / "sft"
     spec = _write(tmp_path / "g.yaml", {

@@ -1,4 +1,4 @@
-"""Result integrity (issue 17), part 1 (no trained models): fault injection on run-folder locks, JSONL
+"""Result integrity, part 1 (no trained models): fault injection on run-folder locks, JSONL
 files read by the analysis, pre-work checks, and clean shutdown of child processes.
 
 Each test injects one fault a careful user met (two writers on one folder, a killed lock holder, a garbled
@@ -80,7 +80,7 @@ def test_a_stale_lock_of_a_killed_process_is_taken_over(tmp_path, caplog):
 
 def test_a_second_grid_runner_on_one_out_dir_stops_at_once(tmp_path):
     """``experiments.grid run`` on an out_dir another process holds exits 1 naming the holder, before it
-    looks at a run (it used to run every run a second time, interleaving metrics.jsonl)."""
+    looks at a run (a second runner would run every run again, interleaving metrics.jsonl)."""
     out = tmp_path / "grid"
     spec = tmp_path / "g.yaml"
     spec.write_text(yaml.safe_dump({"name": "g", "out_dir": str(out), "runs": [
@@ -139,7 +139,7 @@ def _garble(path: Path, line_no: int) -> None:
 @pytest.mark.parametrize("file, line_no", [("metrics.jsonl", 3), ("eval.jsonl", 2)])
 def test_the_analysis_refuses_a_garbled_line_instead_of_changing_the_tables(tmp_path, file, line_no):
     """A garbled line in the middle of a finished run's metrics.jsonl or eval.jsonl: the loader and the report
-    refuse, naming the file and line (they used to drop it with a warning and print other numbers)."""
+    refuse, naming the file and line (dropping it with a warning would print other numbers)."""
     from analysis.report import make_report
     from analysis.runs import GridLoadError, load_grid
 
@@ -188,8 +188,8 @@ def _config(tmp_path: Path, **changes) -> Path:
                                   "tokenizer_dir under a file", "model path under a file"])
 def test_problems_found_before_any_work_name_their_key(tmp_path, capsys, case):
     """Exit 2 and one line naming the key; no tokenizer, no SFT checkpoint, no run folder is written (an empty
-    agent list used to start a full SFT warm-up, then fail with a traceback; ``name=../x`` wrote the run
-    outside out_dir; an unwritable folder gave a raw traceback)."""
+    agent list must not start an SFT warm-up that then fails with a traceback; ``name=../x`` must not write the
+    run outside out_dir; an unwritable folder must not give a raw traceback)."""
     from drmas.cli import main
 
     blocker = tmp_path / "a_file"
@@ -259,7 +259,7 @@ def _assert_all_end(proc: subprocess.Popen, kids: list[psutil.Process], sig: int
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_drmas_sft_ends_its_parallel_workers(tmp_path, sig):
     """``drmas sft`` warming up two checkpoints in two spawn processes: SIGTERM/SIGINT to it ends both
-    (they used to keep both cores busy after their parent was gone)."""
+    (they must not keep both cores busy after their parent is gone)."""
     proc = subprocess.Popen([sys.executable, "-m", "drmas.cli", "--log-level", "warning", "sft", str(_config(tmp_path)),
                              "--no-progress"], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _assert_all_end(proc, _wait_for_workers(proc, 2), sig)

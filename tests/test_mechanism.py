@@ -1,4 +1,4 @@
-"""Outcome-dependent agent invocation (issue 13): retrieval misses in the search environment, SFT traces with
+"""Outcome-dependent agent invocation: retrieval misses in the search environment, SFT traces with
 retries and wrong verdicts, per-agent invalid-action penalties."""
 from __future__ import annotations
 

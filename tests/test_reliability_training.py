@@ -293,7 +293,7 @@ def test_sigkill_at_random_moments_from_outside_then_resume(warm, reference):
     _assert_same_as_reference(run_dir, reference)
 
 
-# -------------------------------------------------------------------- checkpoint integrity (issue 17)
+# -------------------------------------------------------------------- checkpoint integrity
 def _flip(path: Path, n: int = 4096) -> None:
     """Invert ``n`` bytes in the middle of ``path`` (the size stays the same)."""
     data = bytearray(path.read_bytes())
@@ -316,7 +316,7 @@ def _damage(path: Path, fault: str) -> None:
                                          ("empty", "trainer.json")])
 def test_a_damaged_checkpoint_is_refused_with_one_line_naming_the_file(warm, reference, capsys, fault, file):
     """4 KiB of flipped bytes in a worker state (same size), a truncated one, an emptied trainer.json: resume
-    and ``drmas eval`` stop with one line naming the file, and no record is rewritten (they used to load
+    and ``drmas eval`` stop with one line naming the file, and no record is rewritten (not: load
     the flipped weights and train on, raise a raw torch traceback, or silently restart from step 0)."""
     from drmas.checkpoints import CheckpointDamaged
     from drmas.cli import main
@@ -355,7 +355,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_kept_previous_one(warm, caplog):
 
 def test_a_base_checkpoint_is_checked_against_the_sft_block_and_its_files(warm, tmp_path):
     """A base checkpoint records the sha256 of the ``sft`` block and of the trace settings that built it: a
-    changed block or trace setting is refused, naming the changed key (it used to be used silently); a flipped byte in its weights is refused, naming
+    changed block or trace setting is refused, naming the changed key (never used silently); a flipped byte in its weights is refused, naming
     the file; the unchanged block uses it as it is."""
     from drmas.checkpoints import CheckpointDamaged, CheckpointMismatch
     from drmas.trainer.warmup import warmup
@@ -364,7 +364,7 @@ def test_a_base_checkpoint_is_checked_against_the_sft_block_and_its_files(warm, 
     with pytest.raises(CheckpointMismatch, match=r"models\.solver_model\.path=.* was built from another `sft` block "
                                                  r"or other SFT traces \(sft\.lr \(0\.003 -> 0\.01\)\)"):
         warmup(_load(_overrides(warm, "base", "sft.lr=0.01")), progress=False)
-    # the settings that shape the task source's traces are part of the record too (they used to be ignored)
+    # the settings that shape the task source's traces are part of the record too
     with pytest.raises(CheckpointMismatch, match=r"\(env\.args\.error_rate \(0\.2 -> 0\.5\)\)"):
         warmup(_load(_overrides(warm, "base", "env.args.error_rate=0.5")), progress=False)
     copy = tmp_path / "verifier"

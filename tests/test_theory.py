@@ -236,7 +236,7 @@ def test_tiny_lm_per_sample_gradients_match_autograd_loop():
 # ---------------------------------------------------------------------------------- CLI and notebook
 def test_cli_quick_writes_json_tables_and_figures(tmp_path):
     """``--out DIR`` alone puts the figures under DIR/figures: the committed paper_figures/theory_* stay as they are
-    (issue 17: a quick run with --out used to write its figures over them)."""
+    (a quick run with --out must not write its figures over them)."""
     out, figs = tmp_path / "theory", tmp_path / "theory" / "figures"
     committed = {p: p.stat().st_mtime_ns for p in (ROOT / "paper_figures").glob("theory_*")}
     cmd = [sys.executable, "-m", "analysis.theory", "--quick", "--out", str(out)]

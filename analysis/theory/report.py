@@ -11,7 +11,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from drmas.io import atomic_output, atomic_write_text
+from drmas.io import atomic_write_text
 from analysis.theory.records import Record
 from analysis.theory.softmax import SweepFit
 
@@ -200,15 +200,15 @@ def save_figures(records: Sequence[Record], fits: Sequence[SweepFit], fig_dir: P
 
 
 def save_figure(fig, fig_dir: Path, name: str) -> list[Path]:
-    """``fig`` as ``fig_dir/name.png`` and ``.pdf`` (atomic writes), then closed."""
+    """``fig`` as ``fig_dir/name.png`` and ``.pdf`` (atomic, byte-stable writes: ``analysis.figures.write_figure``),
+    then closed."""
     import matplotlib.pyplot as plt
+
+    from analysis.figures import write_figure
 
     paths = []
     for ext in ("png", "pdf"):
-        path = Path(fig_dir) / f"{name}.{ext}"
-        with atomic_output(path) as tmp:
-            fig.savefig(str(tmp), format=ext, dpi=150)
-        paths.append(path)
+        paths.append(write_figure(fig, Path(fig_dir) / f"{name}.{ext}", ext, dpi=150))
     plt.close(fig)
     return paths
 

@@ -12,8 +12,8 @@ of one agent, ``ratio_t = g_t / median(g_{t-W}, ..., g_{t-1})`` over a rolling w
 W steps (at least ``min_history`` of them); step t is a *spike* when ``ratio_t > threshold`` or g_t is
 not finite. A window whose median is below ``min_baseline`` gives no ratio (NaN) and no spike: an agent whose
 gradient is ~0 most steps (all-zero advantages, near-deterministic outputs such as a Verifier's yes/no)
-would otherwise turn any non-zero step into a "spike" of ratio 10^3 (session 3 counted 13-15 such Verifier
-spikes in 30 steps). Defaults: W = 20, threshold = 3.0, min_history = 5, min_baseline = 1e-3 (the pre-clip
+would otherwise turn any non-zero step into a "spike" of ratio 10^3 (13-15 such Verifier spikes in 30
+steps of a CPU search run without the floor). Defaults: W = 20, threshold = 3.0, min_history = 5, min_baseline = 1e-3 (the pre-clip
 norms of agents that learn are 0.05-2 at CPU scale).
 """
 from __future__ import annotations

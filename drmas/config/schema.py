@@ -14,8 +14,9 @@ conflicting optimizer settings, settings the backend cannot run.
 """
 from __future__ import annotations
 
+import types
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
@@ -23,11 +24,48 @@ from drmas.algos.advantages import Conventions, Ddof, Singleton
 from drmas.devices import DEVICE_PATTERN
 
 
+YAML_TRUE, YAML_FALSE = ("on", "yes", "true", "y"), ("off", "no", "false", "n")
+"""Words YAML 1.1 (PyYAML) reads as booleans: `shared_prefix: off` arrives as False."""
+
+
+def literal_choices(annotation: Any) -> tuple[Any, ...]:
+    """The choices of a ``Literal[...]`` annotation, also inside ``Optional``/``Union``; () for any other type."""
+    if get_origin(annotation) is Literal:
+        return get_args(annotation)
+    if get_origin(annotation) in (Union, types.UnionType):
+        return tuple(c for arg in get_args(annotation) for c in literal_choices(arg))
+    return ()
+
+
+def as_written(value: Any, choices: tuple[Any, ...]) -> Any:
+    """The string choice a user wrote when YAML turned it into a bool or a number (``off`` -> False -> "off",
+    ``1`` -> 1 -> "1"); any other value unchanged (validation then reports it)."""
+    words = {c.lower(): c for c in choices if isinstance(c, str)}
+    if isinstance(value, bool):
+        return next((words[w] for w in (YAML_TRUE if value else YAML_FALSE) if w in words), value)
+    if isinstance(value, (int, float)) and value not in choices:
+        return words.get(str(value).lower(), value)
+    return value
+
+
 class Strict(BaseModel):
     """Base: unknown keys are errors, NaN/inf are not numbers a run can use; values are validated on
-    assignment too."""
+    assignment too. A string choice that YAML 1.1 reads as a bool or a number (``on``/``off``, ``yes``/``no``)
+    is taken as written (:func:`as_written`), in files and in overrides alike."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_spellings(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for name, info in cls.model_fields.items():
+            choices = literal_choices(info.annotation)
+            if choices and name in out:
+                out[name] = as_written(out[name], choices)
+        return out
 
 
 def _registered(name: str, registered: list[str], what: str, fix: str = "; use one of them") -> str:
@@ -298,6 +336,24 @@ class TrainConfig(Strict):
     precision: Literal["fp32", "bf16"] = Field(
         "fp32", description="fp32: everything in float32 (the CPU default); bf16: float32 weights and optimizer "
                             "states, forward passes under bfloat16 autocast (GPU)")
+    loggers: list[str] = Field(["tensorboard"], description="where step and eval metrics go besides metrics.jsonl "
+                               "and eval.jsonl (always written): tensorboard (<run>/tb), wandb (<run>/wandb; "
+                               "pip install drmas[wandb]; offline unless WANDB_MODE says otherwise, project "
+                               "WANDB_PROJECT or drmas); drmas.trainer.metrics.LOGGERS")
+
+    @field_validator("loggers")
+    @classmethod
+    def _known_loggers(cls, loggers: list[str]) -> list[str]:
+        import importlib.util
+
+        from drmas.trainer.metrics import LOGGERS
+
+        for name in loggers:
+            if name != "jsonl":
+                _registered(name, LOGGERS.names(), "logger", "; jsonl is always written")
+        if "wandb" in loggers and importlib.util.find_spec("wandb") is None:
+            raise ValueError("the wandb logger needs wandb: pip install 'drmas[wandb]' (or pip install wandb)")
+        return loggers
 
 
 class SFTSection(Strict):

@@ -17,8 +17,8 @@ preset    hidden layers heads kv heads ffn    parameters
 ========= ====== ====== ===== ======== ====== ==========
 
 ``base`` and ``medium`` are the GPU presets (10-50 M parameters, 12x and 36x ``tiny``): on one GPU, HF
-generation of models this small is bound by kernel launches, not arithmetic (issue 15 measured it for
-``tiny``), so they should cost little more per step than ``tiny`` there (not yet measured on a GPU).
+generation of models this small is bound by kernel launches, not arithmetic (measured for
+``tiny`` on one H200), so they should cost little more per step than ``tiny`` there (not yet measured on a GPU).
 """
 from __future__ import annotations
 

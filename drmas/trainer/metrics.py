@@ -1,4 +1,5 @@
-"""Metrics of one RL step and of an evaluation, and the sinks that write them (JSONL + TensorBoard).
+"""Metrics of one RL step and of an evaluation, and the sink that writes them (JSONL, always; the loggers of
+``train.loggers``: TensorBoard, W&B).
 
 Logged keys (every step; ``{k}`` = agent name, ``{m}`` = worker group / model key):
 
@@ -38,20 +39,24 @@ tools/{tool}/calls                   calls of a tool during the step (tool = ret
 tools/{tool}/failures                of those, the calls that failed after the tool's own retries (retrieval: no
                                      answer, 5xx, malformed; grader: workers that died or did not start): scored 0 /
                                      "search unavailable", so a step with failures has degraded rewards
+actor/{m}/grad_norm, pg_loss, ...    W&B only: the reference code's names of wg/{m}/grad_norm, loss, clip_frac
+                                     (pg_clipfrac), entropy, approx_kl_old (ppo_kl), lr (``reference_names``)
 ==================================== ==========================================================================
 """
 from __future__ import annotations
 
 import logging
 import math
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
 from drmas.algos import SpikeDetector, class_factors, lemma_factors, step_classes
 from drmas.io import append_jsonl, read_jsonl_lines, write_jsonl
+from drmas.registry import Registry
 from drmas.step_table import StepTable
 from drmas.trainer.collect import Collected
 
@@ -169,39 +174,114 @@ def tool_metrics(counts: dict[str, tuple[int, int]]) -> dict[str, int]:
             for what, n in (("calls", calls), ("failures", failures))}
 
 
-class MetricsSink:
-    """``metrics.jsonl`` (one line per step), ``eval.jsonl`` and TensorBoard events in the run dir."""
+REFERENCE_ACTOR_KEYS = {"grad_norm": "grad_norm", "loss": "pg_loss", "clip_frac": "pg_clipfrac", "entropy": "entropy",
+                        "approx_kl_old": "ppo_kl", "lr": "lr"}
+"""drmas's ``wg/{m}/{key}`` -> the reference code's (verl) ``actor/{m}/{name}``, logged beside drmas's keys to W&B."""
 
-    def __init__(self, run_dir: Path):
+
+def reference_names(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The reference code's per-model names of ``metrics``' worker-group keys: ``wg/{m}/grad_norm`` ->
+    ``actor/{m}/grad_norm``, ``wg/{m}/loss`` -> ``actor/{m}/pg_loss``, ... (:data:`REFERENCE_ACTOR_KEYS`)."""
+    out = {}
+    for key, value in metrics.items():
+        parts = key.split("/")
+        if len(parts) == 3 and parts[0] == "wg" and parts[2] in REFERENCE_ACTOR_KEYS:
+            out[f"actor/{parts[1]}/{REFERENCE_ACTOR_KEYS[parts[2]]}"] = value
+    return out
+
+
+def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers of ``metrics`` (what a scalar logger can plot)."""
+    return {k: v for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+def _eval_scalars(record: dict[str, Any]) -> dict[str, float]:
+    return {f"eval/{record['benchmark']}/avg@{record['k']}": record["avg"],
+            f"eval/{record['benchmark']}/pass@{record['k']}": record["pass"]}
+
+
+LOGGERS: Registry[Callable[..., Any]] = Registry("metrics logger")
+"""Loggers a run writes to beside metrics.jsonl / eval.jsonl (``train.loggers``). Each is built as
+``factory(run_dir=, run_name=, config=)`` and has ``log_step(step, metrics)``, ``log_eval(record)`` and ``close()``."""
+
+
+@LOGGERS.register("tensorboard")
+class TensorBoardLogger:
+    """TensorBoard events in ``<run>/tb`` (nothing when tensorboard is not installed)."""
+
+    def __init__(self, run_dir: Path, run_name: str = "", config: dict[str, Any] | None = None):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:  # tensorboard is optional
+            self._tb = None
+            return
+        self._tb = SummaryWriter(str(Path(run_dir) / "tb"))
+
+    def log_step(self, step: int, metrics: dict[str, Any]) -> None:
+        for key, value in _scalars(metrics).items() if self._tb else ():
+            self._tb.add_scalar(key, value, step)
+
+    def log_eval(self, record: dict[str, Any]) -> None:
+        for key, value in _eval_scalars(record).items() if self._tb else ():
+            self._tb.add_scalar(key, value, record["step"])
+
+    def close(self) -> None:
+        if self._tb:
+            self._tb.close()
+
+
+@LOGGERS.register("wandb")
+class WandbLogger:
+    """A Weights & Biases run in ``<run>/wandb`` (``pip install drmas[wandb]``): offline unless ``WANDB_MODE``
+    says otherwise (``WANDB_MODE=online`` with ``wandb login``; ``wandb sync <run>/wandb/offline-run-*``
+    uploads an offline run later). Project ``WANDB_PROJECT`` (default ``drmas``), run name = the config's
+    ``name`` (``run_name``). Logs drmas's keys and the reference code's ``actor/{m}/...`` names (:func:`reference_names`)."""
+
+    def __init__(self, run_dir: Path, run_name: str = "", config: dict[str, Any] | None = None):
+        import wandb
+
+        self._run = wandb.init(project=os.environ.get("WANDB_PROJECT", "drmas"), name=run_name or None,
+                               dir=str(run_dir), config=config or {}, mode=os.environ.get("WANDB_MODE", "offline"),
+                               reinit="create_new")
+
+    def log_step(self, step: int, metrics: dict[str, Any]) -> None:
+        self._run.log(_scalars({**metrics, **reference_names(metrics)}), step=step)
+
+    def log_eval(self, record: dict[str, Any]) -> None:
+        self._run.log(_eval_scalars(record), step=record["step"])
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+class MetricsSink:
+    """``metrics.jsonl`` (one line per step) and ``eval.jsonl`` in the run dir, always; and every logger of
+    ``loggers`` (:data:`LOGGERS`: TensorBoard, W&B), built on first use."""
+
+    def __init__(self, run_dir: Path, loggers: Sequence[str] = ("tensorboard",), name: str = "",
+                 config: dict[str, Any] | None = None):
         self.run_dir = Path(run_dir)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.eval_path = self.run_dir / "eval.jsonl"
-        self._tb = None
+        self._names = [n for n in loggers if n != "jsonl"]  # JSONL is always written
+        self._kwargs = {"run_dir": self.run_dir, "run_name": name, "config": config}
+        self._loggers: list[Any] | None = None
 
-    def _writer(self):
-        if self._tb is None:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._tb = SummaryWriter(str(self.run_dir / "tb"))
-            except ImportError:  # tensorboard is optional
-                self._tb = False
-        return self._tb
+    def _open(self) -> list[Any]:
+        if self._loggers is None:
+            self._loggers = [LOGGERS.build(n, **self._kwargs) for n in self._names]
+        return self._loggers
 
     def write_step(self, step: int, metrics: dict[str, Any]) -> None:
         append_jsonl(self.metrics_path, {"step": step, **metrics})
-        tb = self._writer()
-        if tb:
-            for key, value in metrics.items():
-                if isinstance(value, (int, float)) and math.isfinite(value):
-                    tb.add_scalar(key, value, step)
+        for lg in self._open():
+            lg.log_step(step, metrics)
 
     def write_eval(self, record: dict[str, Any]) -> None:
         append_jsonl(self.eval_path, record)
-        tb = self._writer()
-        if tb:
-            tb.add_scalar(f"eval/{record['benchmark']}/avg@{record['k']}", record["avg"], record["step"])
-            tb.add_scalar(f"eval/{record['benchmark']}/pass@{record['k']}", record["pass"], record["step"])
+        for lg in self._open():
+            lg.log_eval(record)
 
     def truncate(self, after_step: int) -> None:
         """Drop records a resumed run rewrites, atomically (write a copy, then rename it over the file):
@@ -215,5 +295,6 @@ class MetricsSink:
             write_jsonl(path, [line for line, rec in read_jsonl_lines(path) if rec.get("step", -1) <= limit])
 
     def close(self) -> None:
-        if self._tb:
-            self._tb.close()
+        for lg in self._loggers or []:
+            lg.close()
+        self._loggers = None

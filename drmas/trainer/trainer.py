@@ -85,7 +85,7 @@ class Trainer:
                  for i, (key, m) in enumerate(cfg.models.items())}
         self.backend = make_backend(cfg.train.backend, specs)
         self.capabilities = BACKENDS.get(cfg.train.backend).capabilities
-        self.sink = MetricsSink(self.run_dir)
+        self.sink = MetricsSink(self.run_dir, cfg.train.loggers, name=cfg.name, config=cfg.model_dump(mode="json"))
         self.spikes = {name: SpikeDetector() for name in [*cfg.models, *agent_names]}
         self.invalid_penalties = cfg.invalid_penalties()
         self.consecutive_nonfinite = 0
