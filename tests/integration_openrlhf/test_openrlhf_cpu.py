@@ -206,3 +206,83 @@ def test_the_comparison_catches_a_broken_seam(checkpoint, tmp_path, monkeypatch,
     diff = differences(local, openrlhf_steps(spec, batch, step_seed=7, pad_id=0))
     print(f"{broken} broken: {diff}")
     assert not within_tolerance(diff), f"a broken {broken} went unnoticed: {diff}"
+
+
+# ===================================================================== (b), (c) the backend on Ray
+#: Worker group -> (agents it serves, ZeRO stage, loss aggregation): one group shared by two agents, one not.
+GROUPS = {"pair_model": (["solver", "verifier"], 2, "token_mean"), "solo_model": (["critic"], 3, "seq_mean_token_mean")}
+
+
+def group_specs(path: str, ckpt_dir: Path) -> dict[str, WorkerSpec]:
+    return {key: worker_spec(key, path, ckpt_dir, zero=zero, aggregation=agg, seed=i)
+            for i, (key, (_, zero, agg)) in enumerate(GROUPS.items())}
+
+
+def group_batches(seed: int) -> dict[str, UpdateBatch]:
+    return {key: update_batch(agents, rows_per_agent=12 // len(agents), seed=seed + i)
+            for i, (key, (agents, _, _)) in enumerate(GROUPS.items())}
+
+
+@pytest.fixture(scope="module")
+def backend_run(ray_session, checkpoint, tmp_path_factory):
+    """The openrlhf backend (two OpenRLHF actor groups in one placement group, logical GPUs) after its first
+    update, with the local backend's result for the same specs and rows."""
+    from drmas.workers.local import LocalBackend
+
+    specs = group_specs(checkpoint, tmp_path_factory.mktemp("deepspeed"))
+    batches = group_batches(seed=11)
+    backend = backend_mod.OpenRLHFBackend(specs)
+    try:
+        before = {key: named_weights(engine.model) for key, engine in backend.engines.items()}
+        metrics = backend.update(batches, step_seed=3)
+        local = LocalBackend(specs)
+        local_metrics = local.update(batches, step_seed=3)
+        yield {"backend": backend, "specs": specs, "before": before, "metrics": metrics,
+               "local": {key: named_weights(w.model) for key, w in local.workers.items()}, "local_metrics": local_metrics}
+    finally:
+        backend.close()
+
+
+def test_backend_update_on_ray_equals_the_local_backend(backend_run):
+    """Each group's metrics (loss: mean over its optimizer steps; grad norm: the max) and the weights its
+    rollout engine received equal the local backend's for the same rows and step seed."""
+    backend, before = backend_run["backend"], backend_run["before"]
+    assert len(backend.groups) == 2 and backend.pg is not None  # both groups in the one placement group
+    for key, m in backend_run["metrics"].items():
+        ref = backend_run["local_metrics"][key]
+        after, local_after, start = named_weights(backend.engines[key].model), backend_run["local"][key], before[key]
+        du = torch.cat([(local_after[k] - start[k]).flatten() for k in sorted(start)])
+        do = torch.cat([(after[k] - start[k]).flatten() for k in sorted(start)])
+        diff = {"loss_abs": abs(m["loss"] - ref["loss"]), "grad_norm_rel": abs(m["grad_norm"] - ref["grad_norm"]) /
+                ref["grad_norm"], "update_rel_l2": float((du - do).norm() / du.norm())}
+        print(f"{key} through Ray: {diff}")
+        assert within_tolerance(diff), f"{key}: openrlhf backend vs local backend {diff} (tolerance {TOL})"
+        assert m["samples"] == ref["samples"] == 12 and m["lr"] == ref["lr"] == LR
+    solo_agent = GROUPS["solo_model"][0][0]
+    assert backend_run["metrics"]["solo_model"][f"agent_grad_norm/{solo_agent}"] == \
+        backend_run["metrics"]["solo_model"]["grad_norm"]
+
+
+def test_checkpoint_round_trip_and_export(backend_run, tmp_path):
+    """get_states -> update -> set_states -> the same update: identical metrics and weights; save_models writes
+    checkpoints transformers loads, holding the weights the rollout engine has."""
+    from transformers import AutoModelForCausalLM
+
+    backend = backend_run["backend"]
+    batches = group_batches(seed=23)
+    states = backend.get_states()
+    first = backend.update(batches, step_seed=5)
+    first_weights = {key: named_weights(e.model) for key, e in backend.engines.items()}
+    backend.set_states(states)
+    restored = {key: named_weights(e.model) for key, e in backend.engines.items()}
+    assert any(not torch.equal(restored[k][n], first_weights[k][n]) for k in restored for n in restored[k])
+    again = backend.update(batches, step_seed=5)
+    assert again == first
+    for key, weights in first_weights.items():
+        now = named_weights(backend.engines[key].model)
+        assert all(torch.equal(now[n], weights[n]) for n in weights), key
+    paths = backend.save_models(str(tmp_path / "hf"))
+    for key, path in paths.items():
+        loaded = named_weights(AutoModelForCausalLM.from_pretrained(path))
+        engine = named_weights(backend.engines[key].model)
+        assert set(loaded) == set(engine) and all(torch.equal(loaded[n], engine[n]) for n in engine), key
