@@ -109,7 +109,7 @@ def openrlhf_rank(spec: WorkerSpec):
     """OpenRLHF's own PolicyModelActor with drmas's methods, as one DeepSpeed rank in this process, built as
     the backend builds it (seam.build_args with CPU mode's settings, OpenRLHF's init_model_from_pretrained)."""
     plain = seam.openrlhf_attr("PolicyModelActor").__ray_metadata__.modified_class.__ray_actor_class__
-    rank = type("InProcessPolicyActor", (backend_mod.DrmasActorMixin, plain), {})(1, 0, "127.0.0.1", 29517)
+    rank = type("InProcessPolicyActor", (backend_mod.DrmasActorMixin, plain), {})(1, 0, "127.0.0.1", None)
     s = seam.group_settings(spec)
     args = seam.build_args({**seam.openrlhf_overrides(s, 0.5), **cpu_compat.cpu_overrides()}, seam.cli_defaults())
     rank.init_model_from_pretrained(seam.openrlhf_attr("get_strategy")(args), s.path, seam.scheduler_steps(s), None)
