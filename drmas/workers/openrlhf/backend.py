@@ -4,8 +4,8 @@ several models time-sharing the same GPUs). Everything OpenRLHF-specific it uses
 :mod:`drmas.workers.openrlhf.seam` (the pinned API contract and the pure conversion).
 
 Rollout engines (``models.<m>.rollout.engine``): ``vllm`` = OpenRLHF's vLLM Ray actors, refreshed by CUDA IPC
-(GPU only); ``hf`` = drmas's transformers engine in the driver process, which receives the group's full
-weights from DeepSpeed rank 0 after every update (any device; the engine of CPU mode).
+(GPU only); ``hf`` = drmas's transformers engine in the driver process (fp32, on its CPU), which receives the
+group's full weights from DeepSpeed rank 0 after every update (the engine of CPU mode).
 
 CPU mode (torch without CUDA, :mod:`drmas.workers.openrlhf.cpu_compat`): the same OpenRLHF actors, DeepSpeed
 (CPU accelerator, gloo) and Ray placement group, on logical GPUs (``ray.init(num_gpus=<pool>)``), in fp32,
@@ -309,6 +309,11 @@ class OpenRLHFBackend:
             ray.init(num_gpus=self.plan.pool_gpus if CPU_MODE else None,  # CPU mode: logical GPUs
                      runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN",
                                                "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}})
+        gpus = ray.cluster_resources().get("GPU", 0)
+        if gpus < self.plan.pool_gpus:
+            raise RuntimeError(f"the Ray cluster has {gpus:g} GPUs; the worker groups' pool needs {self.plan.pool_gpus} "
+                               "(resources.num_gpus)" + ("; in CPU mode start Ray with logical GPUs: "
+                                                         "ray.init(num_gpus=...)" if CPU_MODE else ""))
         self.pg = placement_group(self.plan.bundles(), strategy="PACK")
         ray.get(self.pg.ready())
         logger.info("openrlhf backend: %d worker groups on %d GPUs, GPU share %.4f per actor, vLLM memory %.3f%s",
