@@ -5,7 +5,7 @@ drmas's local worker (plain PyTorch PPO-clip + AdamW) from the same weights.
     DeepSpeed rank; ZeRO-2 and ZeRO-3; both loss aggregations; two agents with their own advantages;
     2 mini-batches x 2 micro-batches) and through ``PolicyWorker.update``: per optimizer step the loss, the
     pre-clip gradient norm and the parameters after the step agree within :data:`TOL`. Breaking the
-    advantage broadcast or the accumulation boundary makes the same comparison fail.
+    advantage broadcast, the accumulation boundary or the mini-batch normalizer makes the same comparison fail.
 (b) The backend's own ``update`` on OpenRLHF ``RayActorGroup``s (logical GPUs) with two worker groups in
     its one placement group, one shared by two agents and one serving one agent, equals the local backend.
 (c) ``get_states`` -> ``set_states`` gives an identical next update; the exported checkpoint loads in
@@ -177,10 +177,11 @@ def test_openrlhf_actor_update_equals_the_local_worker(checkpoint, tmp_path, mon
     assert within_tolerance(diff), f"OpenRLHF vs local worker: {diff} (tolerance {TOL})"
 
 
-@pytest.mark.parametrize("broken", ["advantage_broadcast", "accumulation_boundary"])
+@pytest.mark.parametrize("broken", ["advantage_broadcast", "accumulation_boundary", "minibatch_normalizer"])
 def test_the_comparison_catches_a_broken_seam(checkpoint, tmp_path, monkeypatch, broken):
     """The equivalence above is not vacuous: the same comparison fails when the advantage reaches the
-    wrong tokens, or when DeepSpeed steps at every micro-batch instead of once per mini-batch."""
+    wrong tokens, when DeepSpeed steps at every micro-batch instead of once per mini-batch, or when the
+    accumulated loss is normalized by one micro-batch's tokens instead of the mini-batch's."""
     spec = worker_spec("m", checkpoint, tmp_path, zero=2)
     batch = update_batch(["solver", "verifier"], rows_per_agent=6, seed=2)
     local = local_steps(spec, batch, step_seed=7, monkeypatch=monkeypatch)
@@ -193,6 +194,9 @@ def test_the_comparison_catches_a_broken_seam(checkpoint, tmp_path, monkeypatch,
             return fields
 
         monkeypatch.setattr(seam, "sample_fields", shifted)
+    elif broken == "minibatch_normalizer":
+        counts = seam.loss_counts
+        monkeypatch.setattr(seam, "loss_counts", lambda masks: counts(masks[:1]))
     else:
         boundary = backend_mod.DrmasActorMixin.drmas_fit
 
