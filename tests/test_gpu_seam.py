@@ -610,6 +610,14 @@ def test_actor_class_extension_keeps_both_method_sets():
         backend_mod.extend_actor_class(object(), backend_mod.DrmasActorMixin, "X")
 
 
+def test_cpu_mode_only_where_openrlhf_runs_without_cuda():
+    """drmas/workers/openrlhf/cpu_compat.py changes nothing unless OpenRLHF is installed and torch has no CUDA
+    (then the backend's import applied it: tests/integration_openrlhf runs that path)."""
+    assert backend_mod.CPU_MODE == (HAS_OPENRLHF and not torch.cuda.is_available())
+    patched = torch.cuda.synchronize.__module__ == backend_mod.cpu_compat.__name__
+    assert patched == backend_mod.CPU_MODE and ("flash_attn" in sys.modules) >= backend_mod.CPU_MODE
+
+
 # =================================================================================== API contract
 @needs_openrlhf
 def test_openrlhf_api_matches_the_pinned_version():

@@ -74,5 +74,6 @@ _IN_WORKER = Capabilities(engines=("hf",), generates_with="transformers in the w
 register_backend("local", "drmas.workers.local:LocalBackend", _IN_WORKER)
 register_backend("ray", "drmas.workers.ray_backend:RayBackend", _IN_WORKER)
 register_backend("openrlhf", "drmas.workers.openrlhf.backend:OpenRLHFBackend", Capabilities(
-    engines=("vllm", "hf"), generates_with="vLLM (GPU) or transformers in the driver", restart=False, reference_model=False,
-    aggregations=("token_mean", "seq_mean_token_mean"), needs_checkpoint=True, one_temperature_per_model=True))
+    engines=("vllm", "hf"), generates_with="vLLM (GPU) or transformers in the driver", restart=False,
+    reference_model=False, aggregations=("token_mean", "seq_mean_token_mean"), needs_checkpoint=True,
+    one_temperature_per_model=True))

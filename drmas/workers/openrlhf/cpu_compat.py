@@ -40,7 +40,7 @@ flash_attention_2, needs flash-attn; sdpa is the kernel of drmas's local backend
 (bf16's spacing near 1 exceeds the learning rates, so a CPU check in bf16 drifts from any reference) and
 ``ds.enable_sleep=false`` (there is no GPU memory to free).
 
-7. fp32: ``utils/utils.py:17-22`` (``convert_to_torch_dtype``, which ``Actor`` uses to load a checkpoint)
+7. fp32: ``utils/utils.py:8-22`` (``convert_to_torch_dtype``, which ``Actor`` uses to load a checkpoint)
    knows only bf16 and fp16; ``"fp32"`` is added, mapping to ``torch.float32``. DeepSpeed then runs
    without bf16/fp16 (both disabled in OpenRLHF's ``get_train_ds_config``), a plain fp32 engine.
 
