@@ -28,12 +28,18 @@ from drmas.rollout.vllm_engine import (
 )
 from drmas.workers.openrlhf import backend as backend_mod
 from drmas.workers.openrlhf import seam
-from drmas.workers.policy import UpdateBatch
+from drmas.workers.policy import UpdateBatch, WorkerSpec
 
 HAS_OPENRLHF = importlib.util.find_spec("openrlhf") is not None
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
-needs_openrlhf = pytest.mark.skipif(not HAS_OPENRLHF, reason="openrlhf is not installed (GPU extra: pip install -r "
-                                    "requirements/gpu.txt); the API contract is checked where it is")
+_skip_without_openrlhf = pytest.mark.skipif(not HAS_OPENRLHF, reason="openrlhf is not installed (.venv-openrlhf: "
+                                            "scripts/setup_openrlhf_env.sh); the API contract is checked where it is")
+
+
+def needs_openrlhf(test):
+    """An API-contract test: marked ``openrlhf`` (.ci/run runs them in .venv-openrlhf, none skipped) and
+    skipped with a message where OpenRLHF is not installed."""
+    return pytest.mark.openrlhf(_skip_without_openrlhf(test))
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -442,8 +448,10 @@ def test_group_settings_need_a_checkpoint_and_consistent_config():
             "{name: verifier, role: math_verifier, model: shared}]"]
     cfg = load_config(None, base)
     assert cfg.models["shared"].resources.checkpoint_dir.endswith("run/checkpoints/deepspeed")
+    hf = load_config(None, base + ["models.shared.rollout.engine=hf"])  # the driver's engine (CPU mode)
+    spec = WorkerSpec("shared", hf.models["shared"], hf.effective_optim("shared"), hf.algo, seed=0)
+    assert seam.group_settings(spec).engine == "hf"
     for extra, message in [
-        (["models.shared.rollout.engine=hf"], "generates with vLLM"),
         (["algo.kl_coef=0.01"], "no reference model"),
         (["models.shared.resources.num_gpus=4", "models.shared.rollout.tensor_parallel_size=3"], "does not divide"),
         (["agents.verifier.sampling.temperature=0.7"], "one temperature"),
@@ -567,7 +575,7 @@ def test_actor_fit_sets_the_accumulation_boundary_per_minibatch(monkeypatch):
     actor._dp_size = lambda: 2
     actor._all_reduce_sum = lambda values: [2 * v for v in values]  # the other rank holds the same counts
     actor._experience = lambda fields: SimpleNamespace(fields=fields, to_device=lambda d: SimpleNamespace(fields=fields))
-    monkeypatch.setattr(backend_mod, "_cuda_device", lambda: "cpu")
+    monkeypatch.setattr(backend_mod, "_rank_device", lambda: "cpu")
 
     rows = [seam.sample_fields([1], [2, 3], 1.0), seam.sample_fields([1, 2], [3], -1.0), seam.sample_fields([4], [5], 0.5)]
     minibatches = [[seam.collate(rows[:2], 0), seam.collate(rows[2:], 0)], [seam.collate(rows[:1], 0)]]
@@ -602,6 +610,14 @@ def test_actor_class_extension_keeps_both_method_sets():
         backend_mod.extend_actor_class(object(), backend_mod.DrmasActorMixin, "X")
 
 
+def test_cpu_mode_only_where_openrlhf_runs_without_cuda():
+    """drmas/workers/openrlhf/cpu_compat.py changes nothing unless OpenRLHF is installed and torch has no CUDA
+    (then the backend's import applied it: tests/integration_openrlhf runs that path)."""
+    assert backend_mod.CPU_MODE == (HAS_OPENRLHF and not torch.cuda.is_available())
+    patched = torch.cuda.synchronize.__module__ == backend_mod.cpu_compat.__name__
+    assert patched == backend_mod.CPU_MODE and ("flash_attn" in sys.modules) >= backend_mod.CPU_MODE
+
+
 # =================================================================================== API contract
 @needs_openrlhf
 def test_openrlhf_api_matches_the_pinned_version():
@@ -634,11 +650,13 @@ def test_api_check_fails_loudly_on_drift(tmp_path):
 
 
 def _import_or_skip(module: str):
-    """Import an OpenRLHF module; a partial install (e.g. ``--no-deps``, no DeepSpeed) skips with a message."""
+    """Import an OpenRLHF module (after CPU mode's import measures, drmas/workers/openrlhf/cpu_compat.py); a
+    partial install (no DeepSpeed) skips with a message."""
+    backend_mod.cpu_compat.apply()
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        pytest.skip(f"{module} does not import here ({exc}); the full GPU environment runs this")
+        pytest.skip(f"{module} does not import here ({exc}); .venv-openrlhf runs this")
 
 
 @needs_openrlhf

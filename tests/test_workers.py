@@ -34,7 +34,9 @@ def test_validation_asks_capabilities_not_names(monkeypatch):
 
     from drmas.workers.catalog import BackendEntry
 
-    vllm_only = replace(BACKENDS.get("openrlhf"), target="nowhere:Nothing")
+    openrlhf = BACKENDS.get("openrlhf")
+    vllm_only = replace(openrlhf, target="nowhere:Nothing",
+                        capabilities=replace(openrlhf.capabilities, engines=("vllm",), generates_with="vLLM"))
     monkeypatch.setitem(BACKENDS._items, "elsewhere", vllm_only)
     assert isinstance(vllm_only, BackendEntry)
     with pytest.raises(ConfigError, match="needs train.backend=elsewhere or openrlhf"):

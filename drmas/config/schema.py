@@ -98,7 +98,8 @@ class RolloutEngineConfig(Strict):
     group its own vLLM engine (``vllm``), refreshed once per RL step. Fields marked vLLM are read only
     by the ``vllm`` engine."""
 
-    engine: str = Field("hf", description="registered rollout engine: hf (CPU default) or vllm (GPU, openrlhf backend)")
+    engine: str = Field("hf", description="registered rollout engine: hf (CPU default; on the openrlhf backend drmas's "
+                        "engine in the driver, its CPU mode) or vllm (GPU, openrlhf backend)")
     tensor_parallel_size: PositiveInt = Field(1, description="vLLM: GPUs per engine replica (tensor parallelism); "
                                               "the group runs resources.num_gpus / tensor_parallel_size replicas")
     gpu_memory_utilization: Optional[float] = Field(

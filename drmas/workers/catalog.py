@@ -6,7 +6,7 @@ name       class                                 where the worker groups run
 ========== ===================================== ===================================================
 local      drmas/workers/local.py                in this process (CPU default, the tests)
 ray        drmas/workers/ray_backend.py          one Ray actor each, in one placement group
-openrlhf   drmas/workers/openrlhf/backend.py     OpenRLHF DeepSpeed actor groups + vLLM engines (GPU)
+openrlhf   drmas/workers/openrlhf/backend.py     OpenRLHF DeepSpeed actors + vLLM (GPU) or hf engine
 ========== ===================================== ===================================================
 
 A backend is registered with its capabilities and the place of its class (``"module:Class"``); the class is
@@ -74,5 +74,6 @@ _IN_WORKER = Capabilities(engines=("hf",), generates_with="transformers in the w
 register_backend("local", "drmas.workers.local:LocalBackend", _IN_WORKER)
 register_backend("ray", "drmas.workers.ray_backend:RayBackend", _IN_WORKER)
 register_backend("openrlhf", "drmas.workers.openrlhf.backend:OpenRLHFBackend", Capabilities(
-    engines=("vllm",), generates_with="vLLM", restart=False, reference_model=False,
-    aggregations=("token_mean", "seq_mean_token_mean"), needs_checkpoint=True, one_temperature_per_model=True))
+    engines=("vllm", "hf"), generates_with="vLLM (GPU) or transformers in the driver", restart=False,
+    reference_model=False, aggregations=("token_mean", "seq_mean_token_mean"), needs_checkpoint=True,
+    one_temperature_per_model=True))

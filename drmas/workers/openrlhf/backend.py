@@ -1,7 +1,15 @@
 """The ``openrlhf`` backend: each worker group an OpenRLHF actor group (DeepSpeed ZeRO, its own optimizer)
 with its own vLLM engine replicas, all in one Ray placement group (the paper's shared resource pool:
-several models time-sharing the same GPUs). GPU only; everything OpenRLHF-specific it uses comes from
+several models time-sharing the same GPUs). Everything OpenRLHF-specific it uses comes from
 :mod:`drmas.workers.openrlhf.seam` (the pinned API contract and the pure conversion).
+
+Rollout engines (``models.<m>.rollout.engine``): ``vllm`` = OpenRLHF's vLLM Ray actors, refreshed by CUDA IPC
+(GPU only); ``hf`` = drmas's transformers engine in the driver process (fp32, on its CPU), which receives the
+group's full weights from DeepSpeed rank 0 after every update (the engine of CPU mode).
+
+CPU mode (torch without CUDA, :mod:`drmas.workers.openrlhf.cpu_compat`): the same OpenRLHF actors, DeepSpeed
+(CPU accelerator, gloo) and Ray placement group, on logical GPUs (``ray.init(num_gpus=<pool>)``), in fp32,
+with the ``hf`` engine and without sleep mode; every compatibility measure is in that one module.
 
 One RL step, as the trainer sees it (the :class:`~drmas.workers.base.Backend` operations, as the local and ray
 backends):
@@ -22,6 +30,7 @@ named, and starting the same command again resumes from it.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -29,15 +38,18 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from drmas.rollout.base import Generation, SamplingParams
+from drmas.rollout.base import Generation, SamplingParams, make_engine
 from drmas.rollout.vllm_engine import VLLMRolloutEngine, generation_config_eos
-from drmas.workers.openrlhf import seam
+from drmas.workers.openrlhf import cpu_compat, seam
 from drmas.workers.base import ray_get
 from drmas.workers.policy import UpdateBatch, WorkerSpec
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_TAG = "drmas_latest"
+# CPU mode's measures apply before anything imports OpenRLHF: here, because every DeepSpeed rank (a Ray actor)
+# imports this module first when it unpickles DrmasPolicyActor (DrmasActorMixin is its first base).
+CPU_MODE = cpu_compat.apply()
 
 
 # ------------------------------------------------------------------------------ the DeepSpeed ranks
@@ -54,7 +66,7 @@ class DrmasActorMixin:
         import torch.distributed as dist
 
         group = self.strategy.ds_device_mesh["dp"].get_group()
-        t = torch.tensor(list(values), dtype=torch.float64, device=torch.cuda.current_device())
+        t = torch.tensor(list(values), dtype=torch.float64, device=_rank_device())
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
         return t.tolist()
 
@@ -86,7 +98,7 @@ class DrmasActorMixin:
             local_loss = local_clip = 0.0
             for k, mb in enumerate(mini):
                 engine.set_gradient_accumulation_boundary(k == len(mini) - 1)
-                experience = self._experience(dict(mb)).to_device(_cuda_device())
+                experience = self._experience(dict(mb)).to_device(_rank_device())
                 status = self.trainer.training_step(experience, 0.0, k, info)
                 local_tokens = float(mb["action_mask"].sum())
                 local_loss += float(status["metrics"]["policy_loss"])
@@ -106,6 +118,18 @@ class DrmasActorMixin:
         self.strategy.save_model(self.actor, self.tokenizer, folder)
         return folder
 
+    def drmas_state_dict(self) -> dict[str, Any] | None:
+        """The full weights (CPU tensors) on rank 0, None on the other ranks (every rank must call it: under
+        ZeRO-3 the parameters are gathered from all of them)."""
+        import deepspeed
+        import torch.distributed as dist
+
+        module = self.actor.model.module
+        with deepspeed.zero.GatheredParameters(list(module.parameters()), enabled=self.strategy.stage == 3):
+            if dist.get_rank() != 0:
+                return None
+            return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+
 
 def _vllm_sampling_params(kwargs: dict[str, Any]) -> Any:
     import vllm
@@ -124,10 +148,13 @@ def _load_tokenizer(path: str) -> Any:
     return AutoTokenizer.from_pretrained(path, trust_remote_code=True)
 
 
-def _cuda_device() -> Any:
+def _rank_device() -> Any:
+    """This DeepSpeed rank's device, from DeepSpeed's accelerator: ``cuda:<i>`` on a GPU, ``cpu`` in CPU mode
+    (:mod:`drmas.workers.openrlhf.cpu_compat`)."""
     import torch
+    from deepspeed.accelerator import get_accelerator
 
-    return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(get_accelerator().current_device_name())
 
 
 def extend_actor_class(remote_cls: Any, mixin: type, name: str) -> Any:
@@ -237,6 +264,29 @@ class _Generator:
         return self.engine.generate(prompts, sampling, seed=seed, keep_stop_token=True)
 
 
+def driver_engine(s: seam.GroupSettings) -> Any:
+    """The ``hf`` engine of worker group ``s`` in the driver process: the group's checkpoint in fp32, as the
+    local backend's worker generates (its weights are replaced after every update)."""
+    from drmas.models.factory import load_policy
+
+    model, tokenizer = load_policy(s.path)
+    model.eval().requires_grad_(False)
+    return make_engine("hf", model=model, tokenizer=tokenizer, max_prompt_tokens=s.max_prompt_tokens,
+                       chat_template=s.chat_template, chat_template_kwargs=s.chat_template_kwargs)
+
+
+class _DriverGenerator:
+    """What the orchestra calls on an ``hf`` group: responses keep the EOS where the model stopped by itself
+    (as :meth:`drmas.workers.policy.PolicyWorker.generate`)."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+
+    def generate(self, prompts: list[str], sampling: SamplingParams, seed: int | None = None) -> Generation:
+        gen = self.engine.generate(prompts, sampling, seed=seed)
+        return dataclasses.replace(gen, response_ids=gen.response_ids_with_eos(int(self.engine.tokenizer.eos_token_id)))
+
+
 # -------------------------------------------------------------------------------------- the backend
 class OpenRLHFBackend:
     """Worker groups as OpenRLHF actor groups + vLLM engines in one shared placement group."""
@@ -247,18 +297,35 @@ class OpenRLHFBackend:
 
         seam.require_openrlhf_api(strict_version=False)
         self.settings = {key: seam.group_settings(spec) for key, spec in specs.items()}
+        if CPU_MODE:
+            on_vllm = sorted(k for k, s in self.settings.items() if s.engine == "vllm")
+            if on_vllm:
+                raise ValueError(f"models {on_vllm}: rollout.engine=vllm runs OpenRLHF's vLLM actors, which need CUDA "
+                                 "(CUDA-IPC weight sync, sleep mode); this torch has no CUDA: set "
+                                 "models.<m>.rollout.engine=hf (docs/gpu.md)")
+            self.settings = {k: dataclasses.replace(s, enable_sleep=False) for k, s in self.settings.items()}
         self.plan = seam.plan_placement({k: (s.num_gpus, s.tensor_parallel_size) for k, s in self.settings.items()})
         if not ray.is_initialized():
-            ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN",
+            ray.init(num_gpus=self.plan.pool_gpus if CPU_MODE else None,  # CPU mode: logical GPUs
+                     runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN",
                                                "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}})
+        gpus = ray.cluster_resources().get("GPU", 0)
+        if gpus < self.plan.pool_gpus:
+            raise RuntimeError(f"the Ray cluster has {gpus:g} GPUs; the worker groups' pool needs {self.plan.pool_gpus} "
+                               "(resources.num_gpus)" + ("; in CPU mode start Ray with logical GPUs: "
+                                                         "ray.init(num_gpus=...)" if CPU_MODE else ""))
         self.pg = placement_group(self.plan.bundles(), strategy="PACK")
         ray.get(self.pg.ready())
-        logger.info("openrlhf backend: %d worker groups on %d GPUs, GPU share %.4f per actor, vLLM memory %.3f",
-                    len(specs), self.plan.pool_gpus, self.plan.gpu_fraction, self.plan.gpu_memory_utilization)
+        logger.info("openrlhf backend: %d worker groups on %d GPUs, GPU share %.4f per actor, vLLM memory %.3f%s",
+                    len(specs), self.plan.pool_gpus, self.plan.gpu_fraction, self.plan.gpu_memory_utilization,
+                    " (CPU mode: logical GPUs)" if CPU_MODE else "")
         defaults = seam.cli_defaults()
         self.clients: dict[str, RayEnginesClient] = {}
-        self.engines: dict[str, VLLMRolloutEngine] = {}
+        self.engines: dict[str, Any] = {}
         for key, s in self.settings.items():  # engines first: they profile GPU memory while it is free
+            if s.engine != "vllm":
+                self.engines[key] = driver_engine(s)
+                continue
             mem = s.gpu_memory_utilization or self.plan.gpu_memory_utilization
             handles = launch_engines(self.pg, self.plan.groups[key], s, self.plan.gpu_fraction, mem)
             self.clients[key] = RayEnginesClient(handles, s.enable_sleep, key=key)
@@ -271,11 +338,13 @@ class OpenRLHFBackend:
         self.groups: dict[str, Any] = {}
         for key, s in self.settings.items():  # one after another: each offloads its states when built
             mem = s.gpu_memory_utilization or self.plan.gpu_memory_utilization
-            args = seam.build_args(seam.openrlhf_overrides(s, mem), defaults)
+            overrides = {**seam.openrlhf_overrides(s, mem), **(cpu_compat.cpu_overrides() if CPU_MODE else {})}
+            args = seam.build_args(overrides, defaults)
             group = group_cls(1, s.num_gpus, actor_cls, pg=self.pg, num_gpus_per_actor=self.plan.gpu_fraction,
                               duplicate_actors=1)
+            vllm_engines = self.clients[key].engines if key in self.clients else None
             ray.get(group.async_init_model_from_pretrained(get_strategy(args), s.path, seam.scheduler_steps(s),
-                                                           self.clients[key].engines))
+                                                           vllm_engines))
             self.groups[key] = group
         self.pad_ids = {key: int(e.tokenizer.pad_token_id if e.tokenizer.pad_token_id is not None
                                  else e.tokenizer.eos_token_id) for key, e in self.engines.items()}
@@ -285,15 +354,20 @@ class OpenRLHFBackend:
                            "start the same command again to resume from the last checkpoint")
 
     # ---------------------------------------------------------------------------------- rollout
-    def generators(self) -> dict[str, _Generator]:
-        return {key: _Generator(engine) for key, engine in self.engines.items()}
+    def generators(self) -> dict[str, Any]:
+        return {key: _Generator(engine) if key in self.clients else _DriverGenerator(engine)
+                for key, engine in self.engines.items()}
 
     # ----------------------------------------------------------------------------------- update
     def _run(self, key: str, method: str, **kwargs: Any) -> list[Any]:
         return ray_get(key, self.groups[key].async_run_method(method_name=method, **kwargs))
 
     def _push_weights(self, key: str) -> None:
-        """The group's new weights to its engines, once per step (OpenRLHF's CUDA-IPC sync)."""
+        """The group's new weights to its engines, once per step: OpenRLHF's CUDA-IPC sync to its vLLM actors,
+        or rank 0's full weights into the driver's ``hf`` engine."""
+        if key not in self.clients:
+            self.engines[key].load_weights(self._run(key, "drmas_state_dict")[0])
+            return
         self.clients[key].wake("weights")
         self._run(key, "broadcast_to_vllm")
         self.engines[key].load_weights(None)

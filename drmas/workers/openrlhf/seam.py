@@ -288,6 +288,8 @@ class GroupSettings:
     truncation: str
     chat_template: bool
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    engine: str = "vllm"
+    """``rollout.engine``: vllm (OpenRLHF's vLLM actors, GPU) or hf (drmas's engine in the driver)."""
 
     @property
     def num_engines(self) -> int:
@@ -316,7 +318,7 @@ def group_settings(spec: Any) -> GroupSettings:
         gpu_memory_utilization=r.gpu_memory_utilization, max_model_len=r.max_model_len, enable_sleep=r.enable_sleep,
         enforce_eager=r.enforce_eager, enable_prefix_caching=r.enable_prefix_caching,
         max_prompt_tokens=r.max_prompt_tokens, truncation=r.truncation, chat_template=r.chat_template,
-        chat_template_kwargs=dict(r.chat_template_kwargs))
+        chat_template_kwargs=dict(r.chat_template_kwargs), engine=r.engine)
 
 
 #: drmas ``algo.aggregation`` -> OpenRLHF ``--actor.loss_agg_mode``.
