@@ -12,6 +12,7 @@ Not part of the identity (:data:`IGNORED`), because they do not change what a st
 - ``train.device``: CPU or GPU run the same steps (as in the grid runner);
 - ``train.threads``: how fast; ``train.save_every``, ``train.keep_previous_checkpoint``: how often and how many
   checkpoints are written (a resumed step is a pure function of seed, step and checkpointed state);
+- ``train.loggers``: where the metrics are also sent (TensorBoard, W&B); ``metrics.jsonl`` is always written;
 - ``models.*.resources.checkpoint_dir``: derived from the run folder.
 
 ``train.steps`` may grow: a finished or partial run continued to more steps keeps its records, which are the
@@ -38,7 +39,7 @@ from drmas.config.schema import RunConfig
 logger = logging.getLogger(__name__)
 
 IGNORED = ("name", "out_dir", "train.device", "train.threads", "train.save_every", "train.keep_previous_checkpoint",
-           "train.max_tool_failure_rate", "train.verify_artifacts",
+           "train.loggers", "train.max_tool_failure_rate", "train.verify_artifacts",
            "models.*.resources.checkpoint_dir")
 """Dotted keys (``*``: any model key) that are not part of a run's identity (see the module docstring)."""
 GROWABLE = ("train.steps",)
