@@ -9,7 +9,8 @@ rewritten) or continued under other settings.
 Not part of the identity (:data:`IGNORED`), because they do not change what a step computes:
 
 - ``name``, ``out_dir``: where the folder is (another name is another run);
-- ``train.device``: CPU or GPU run the same steps (as in the grid runner);
+- ``train.device``: CPU or GPU run the same steps (as in the grid runner); ``train.backend``: local, Ray or
+  OpenRLHF execute the same steps (their checkpoints are interchangeable: a run begun on one resumes on another);
 - ``train.threads``: how fast; ``train.save_every``, ``train.keep_previous_checkpoint``: how often and how many
   checkpoints are written (a resumed step is a pure function of seed, step and checkpointed state);
 - ``train.loggers``: where the metrics are also sent (TensorBoard, W&B); ``metrics.jsonl`` is always written;
@@ -38,7 +39,7 @@ from drmas.config.schema import RunConfig
 
 logger = logging.getLogger(__name__)
 
-IGNORED = ("name", "out_dir", "train.device", "train.threads", "train.save_every", "train.keep_previous_checkpoint",
+IGNORED = ("name", "out_dir", "train.device", "train.backend", "train.threads", "train.save_every", "train.keep_previous_checkpoint",
            "train.loggers", "train.max_tool_failure_rate", "train.verify_artifacts",
            "models.*.resources.checkpoint_dir")
 """Dotted keys (``*``: any model key) that are not part of a run's identity (see the module docstring)."""
