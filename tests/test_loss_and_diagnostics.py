@@ -209,3 +209,107 @@ def test_lemma_factor_of_the_issue_worked_example():
     f = lemma_factors(score, task, agent, traj, "trajectory_grpo").set_index("agent")["factor"]
     assert f["search"] == pytest.approx(7.0, rel=1e-6) and f["verifier"] == pytest.approx(1.0, rel=1e-6)
     assert "search" not in set(lemma_factors(score, task, agent, traj, "drmas")["agent"])
+
+
+def _random_steps(rng, n=150, vocab=3):
+    """A batch whose steps repeat: prompts and responses drawn from a few token sequences."""
+    task = rng.integers(0, 4, n)
+    traj = task * 10 + rng.integers(0, 6, n)
+    agent = rng.choice(np.array(["v", "s", "a"], object), n)
+    score = rng.choice([0.0, 1.0, 0.99], n)
+    prompts = [[int(t), 7] for t in rng.integers(0, 2, n)]
+    responses = [[int(t)] * int(m) for t, m in zip(rng.integers(0, vocab, n), rng.integers(1, 3, n))]
+    return score, task, agent, traj, prompts, responses
+
+
+def _slow_class_factors(score, task, agent, traj, prompts, responses, baseline):
+    """Per agent: Σ over (task, agent, prompt, response) classes of (Σ A)², b over drmas, by a dict loop."""
+    from drmas.algos import compute_advantages
+
+    m2 = {}
+    for name in (baseline, "drmas"):
+        a = compute_advantages(score, task, agent, traj, estimator=name, ddof=0, eps=0.0, singleton="zero").advantages
+        sums: dict = {}
+        for i in range(len(score)):
+            key = (task[i], agent[i], tuple(prompts[i]), tuple(responses[i]))
+            sums[key] = sums.get(key, 0.0) + float(a[i])
+        for key, s in sums.items():
+            s = 0.0 if abs(s) < 1e-5 else s
+            m2[(name, key[1])] = m2.get((name, key[1]), 0.0) + s * s
+    return {k: m2[(baseline, k)] / m2[("drmas", k)] for k in set(agent) if m2[("drmas", k)] > 0}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_class_factors_match_a_slow_reference(seed):
+    from drmas.algos import class_factors, step_classes
+
+    score, task, agent, traj, prompts, responses = _random_steps(np.random.default_rng(seed))
+    classes = step_classes(task, agent, prompts, responses)
+    got = class_factors(score, task, agent, traj, classes, ("trajectory_grpo", "pooled_grpo"))
+    for b in ("trajectory_grpo", "pooled_grpo"):
+        want = _slow_class_factors(score, task, agent, traj, prompts, responses, b)
+        assert len(want) > 0
+        for k, value in want.items():
+            assert got.loc[k, f"factor_{b}"] == pytest.approx(value, rel=1e-5)
+    n_classes = {(t, k): set() for t, k in zip(task, agent)}
+    for t, k, p, r in zip(task, agent, prompts, responses):
+        n_classes[(t, k)].add((tuple(p), tuple(r)))
+    share = {k: np.mean([len(c) / np.sum((task == t) & (agent == k)) for (t, kk), c in n_classes.items() if kk == k])
+             for k in set(agent)}
+    for k, value in share.items():
+        assert got.loc[k, "distinct"] == pytest.approx(value)
+
+
+def test_step_classes_key_on_task_agent_prompt_and_response():
+    from drmas.algos import step_classes
+
+    task, agent = [0, 0, 0, 0, 1, 0], np.array(["s", "s", "s", "a", "s", "s"], object)
+    prompts = [[1, 2], [1, 2], [1, 3], [1, 2], [1, 2], [1, 2]]
+    responses = [[5], [5], [5], [5], [5], [5, 6]]
+    c = step_classes(task, agent, prompts, responses)
+    assert c[0] == c[1] and len({c[1], c[2], c[3], c[4], c[5]}) == 5  # prompt, agent, task, response differ
+
+
+@pytest.mark.parametrize("baseline", ["trajectory_grpo", "pooled_grpo"])
+def test_class_factor_with_every_response_distinct_is_the_weighted_lemma_factor(baseline):
+    from drmas.algos import class_factors, lemma_factors
+
+    rng = np.random.default_rng(3)
+    n = 160
+    task = np.repeat(np.arange(4), 40)
+    traj = task * 10 + rng.integers(0, 8, n)
+    agent = rng.choice(np.array(["v", "s"], object), n)
+    score = rng.normal(size=n)  # no constant group: every group's reference std > 0
+    got = class_factors(score, task, agent, traj, np.arange(n), (baseline,))
+    lf = lemma_factors(score, task, agent, traj, baseline)
+    want = lf.groupby("agent").apply(lambda g: np.average(g["factor"], weights=g["n"]), include_groups=False)
+    for k in ("v", "s"):
+        assert got.loc[k, f"factor_{baseline}"] == pytest.approx(want[k], rel=1e-5)
+        assert got.loc[k, "distinct"] == 1.0
+
+
+def test_class_factor_of_a_fully_repeated_response():
+    """The worked example, with the Search agent's 4 steps one (prompt, response): Dr. MAS's advantages cancel
+    (M = 0, an infinite factor), trajectory GRPO leaves S = n (μk − μ)/σ = 4 · (0 − 0.875)/√0.109375."""
+    from drmas.algos import class_factors, step_classes
+
+    task, traj = [0] * 12, list(range(8)) + [7] * 4
+    agent = np.array(["verifier"] * 8 + ["search"] * 4, object)
+    score = np.array([1.0] * 7 + [0.0] * 5)
+    prompts = [[1]] * 8 + [[2]] * 4
+    responses = [[i] for i in range(8)] + [[9]] * 4
+    classes = step_classes(task, agent, prompts, responses)
+    got = class_factors(score, task, agent, traj, classes, ("trajectory_grpo",))
+    assert got.loc["search", "m2_drmas"] == 0.0 and got.loc["search", "factor_trajectory_grpo"] == np.inf
+    assert got.loc["search", "m2_trajectory_grpo"] == pytest.approx((4 * 0.875) ** 2 / 0.109375, rel=1e-6)
+    assert got.loc["search", "distinct"] == 0.25
+    # each step its own class: the paper's per-sample view, the Search agent's constant scores give M = 0 too
+    assert got.loc["verifier", "factor_trajectory_grpo"] == pytest.approx(1.0, rel=1e-6)
+
+
+def test_class_sums_drop_float32_rounding_only():
+    from drmas.algos import class_sums
+
+    a = np.array([0.1, 0.2, -0.3, 1e-3, 2.0], np.float32)
+    s = class_sums(a, np.array([0, 0, 0, 1, 1]))
+    assert s[0] == 0.0 and s[1] == pytest.approx(2.001, rel=1e-6)

@@ -53,8 +53,10 @@ def test_training_run_writes_metrics_eval_manifest(warm):
     for key in ("reward/mean", "task/mu", "agent/solver/reward_mean", "agent/verifier/adv_m2",
                 "agent/solver/grad_norm", "agent/verifier/grad_norm", "wg/solver_model/grad_norm",
                 "wg/verifier_model/clip_frac", "agent/solver/invalid_rate", "timing/rollout", "timing/update",
-                "tokens/solver", "agent/solver/spike"):
+                "tokens/solver", "agent/solver/spike", "agent/solver/distinct_share",
+                "agent/verifier/class_factor_trajectory_grpo", "agent/solver/class_factor_pooled_grpo"):
         assert key in m, key
+    assert all(0 < r[f"agent/{k}/distinct_share"] <= 1 for r in recs for k in ("solver", "verifier"))
     # non-sharing: each model's gradient is its single agent's contribution
     assert m["agent/solver/grad_norm"] == pytest.approx(m["wg/solver_model/grad_norm"], rel=1e-4)  # float32 sums
     evals = [json.loads(line) for line in (cfg.run_dir / "eval.jsonl").read_text().splitlines()]

@@ -11,12 +11,23 @@ from drmas.algos.advantages import (
     register_estimator,
     segment_stats,
 )
-from drmas.algos.diagnostics import (AgentGradNorms, SpikeDetector, SpikeRule, control_positions, grad_norm, lemma_factors,
-                                    spike_ratios)
+from drmas.algos.diagnostics import (
+    AgentGradNorms,
+    SpikeDetector,
+    SpikeRule,
+    class_factors,
+    control_positions,
+    class_sums,
+    grad_norm,
+    lemma_factors,
+    spike_ratios,
+    step_classes,
+)
 from drmas.algos.loss import PolicyLossConfig, aggregate_loss, entropy_from_logits, kl_k3, policy_loss
 
 __all__ = [
     "ESTIMATORS", "AdvantageResult", "compute_advantages", "register_estimator",
-    "segment_stats", "AgentGradNorms", "control_positions", "SpikeDetector", "SpikeRule", "grad_norm", "lemma_factors", "spike_ratios",
+    "segment_stats", "AgentGradNorms", "SpikeDetector", "SpikeRule", "class_factors", "control_positions", "class_sums", "grad_norm",
+    "lemma_factors", "spike_ratios", "step_classes",
     "PolicyLossConfig", "aggregate_loss", "entropy_from_logits", "kl_k3", "policy_loss",
 ]

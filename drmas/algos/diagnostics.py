@@ -50,6 +50,77 @@ def lemma_factors(scores, task_ids, agent_ids, traj_ids, baseline: str) -> pd.Da
     return g[g["signal"]].drop(columns="signal").reset_index()
 
 
+ROUNDING = 1e-6
+"""A class sum S_c = Σ_{i∈c} A_i with |S_c| <= ROUNDING · Σ_{i∈c} |A_i| is zero: the float32 advantages carry a
+relative rounding error of 2^-24 ≈ 6e-8 each, so an exact cancellation (Dr. MAS on a fully repeated response)
+leaves a residue below that bound, which would otherwise turn a zero second moment into 1e-14 and a ratio into
+1e15."""
+
+
+def step_classes(task_ids, agent_ids, prompt_ids, response_ids) -> np.ndarray:
+    """Class code (0 .. C−1) of each step: two steps share a class when they have the same task group, agent,
+    prompt token ids and response token ids. The per-sample gradient z = ∇θ log π(response | prompt) depends
+    on the prompt and the response alone, so the steps of one class have one and the same z (whatever the
+    loss aggregation: it weights a sample by its token count, also shared). Each step's token ids are hashed
+    once (a tuple key); the grouping is a pandas factorization, exact (no hash collisions)."""
+    keys = np.empty(len(response_ids), object)
+    keys[:] = [(tuple(p), tuple(r)) for p, r in zip(prompt_ids, response_ids)]
+    frame = pd.DataFrame({"task": np.asarray(task_ids), "agent": np.asarray(agent_ids),
+                          "pair": pd.factorize(keys)[0]})
+    return frame.groupby(["task", "agent", "pair"], sort=False).ngroup().to_numpy()
+
+
+def class_sums(advantages, class_ids) -> np.ndarray:
+    """S_c = Σ_{i∈c} A_i for each class c (index = class code), float64, with sums below float32 rounding set
+    to 0 (:data:`ROUNDING`)."""
+    a = np.asarray(advantages, np.float64)
+    codes = np.asarray(class_ids)
+    s = np.bincount(codes, weights=a)
+    s[np.abs(s) <= ROUNDING * np.bincount(codes, weights=np.abs(a))] = 0.0
+    return s
+
+
+def class_factors(scores, task_ids, agent_ids, traj_ids, class_ids, baselines,
+                  reference: str = "drmas") -> pd.DataFrame:
+    """Class-aware Lemma 4.2 factor of each agent under each estimator b of ``baselines``, relative to
+    ``reference`` (agent-wise normalization), and the agent's share of distinct classes per task group.
+
+    Agent k's batch gradient is g_k ∝ Σ_g Σ_{c ∈ C_gk} S_c z_c with S_c = Σ_{i∈c} A_i: the steps of a class c
+    (identical prompt and response, :func:`step_classes`) share one per-sample gradient z_c, so their
+    advantages add up before they multiply it (docs/theory.md, "Repeated responses"). With the z_c
+    orthogonal (or independent with mean 0) and of equal norm, E‖g_k‖² ∝ M_k = Σ_g Σ_c S_c², and
+
+        class_factor_k(b) = M_k(b) / M_k(reference) = Σ_g Σ_c S_c(b)² / Σ_g Σ_c S_c(ref)²
+
+    the predicted ratio of squared gradient norms, b over the reference, on this batch. A is the estimator's
+    advantage at population std and no ε (``ddof=0, eps=0``, singletons 0), the convention of
+    :func:`lemma_factors`, so that the two factors differ only in the grouping: when every class holds one
+    step, class_factor_k = Σ_i A_i(b)² / Σ_i A_i(ref)², the n-weighted mean over task groups of F_k (groups
+    whose reference std is 0 aside). Under the reference (Dr. MAS) Σ_{i ∈ group} A_i = 0 for each agent, so a
+    group whose agent-k steps are all one class adds 0 to M_k(ref), while a global baseline leaves
+    S = n (μk − μ)/σ. M_k(ref) = 0 gives inf (M_k(b) > 0) or NaN (both 0).
+
+    Returns one row per agent (index ``agent``): ``distinct`` = |C_gk| / n_gk averaged over task groups,
+    ``m2_{name}`` = M_k for the reference and each b, and ``factor_{b}``."""
+    from drmas.algos.advantages import compute_advantages
+
+    codes = np.asarray(class_ids)
+    steps = pd.DataFrame({"task": np.asarray(task_ids), "agent": np.asarray(agent_ids), "cls": codes})
+    per_group = steps.groupby(["task", "agent"], sort=False)["cls"].agg(["nunique", "size"])
+    out = (per_group["nunique"] / per_group["size"]).groupby(level="agent", sort=False).mean().to_frame("distinct")
+    class_agent = steps.groupby("cls")["agent"].first().reindex(np.arange(codes.max() + 1 if codes.size else 0))
+    for name in dict.fromkeys([reference, *baselines]):
+        a = compute_advantages(scores, task_ids, agent_ids, traj_ids, estimator=name, ddof=0, eps=0.0,
+                               singleton="zero", scale_by_std=True).advantages.double().numpy()
+        s = class_sums(a, codes)
+        out[f"m2_{name}"] = pd.Series(s * s, index=class_agent.to_numpy()).groupby(level=0).sum()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for b in baselines:
+            out[f"factor_{b}"] = out[f"m2_{b}"] / out[f"m2_{reference}"]
+    out.index.name = "agent"
+    return out
+
+
 def grad_norm(params: Iterable[torch.nn.Parameter]) -> float:
     """L2 norm of all gradients (pre-clip); inf/nan propagate so that callers can detect them."""
     grads = [p.grad.detach().flatten() for p in params if p.grad is not None]

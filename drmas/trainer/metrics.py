@@ -16,6 +16,12 @@ agent/{k}/lemma_factor               Lemma 4.2 factor F_k = (σk² + (μk − μ
                                      (``drmas.algos.lemma_factors``); _max: the largest group's; = 1 under Dr. MAS
 agent/{k}/lemma_factor_{b}           the same under the global baselines b = trajectory_grpo, pooled_grpo
                                      (what a global baseline would do to this batch, whatever the run uses)
+agent/{k}/distinct_share              share of distinct (prompt, response) token-id pairs among agent k's steps in a task
+                                     group (identical pairs share one per-sample gradient), averaged over groups
+agent/{k}/class_factor_{b}           class-aware factor Σ_g Σ_c S_c(b)² / Σ_g Σ_c S_c(drmas)², S_c = Σ_{i∈c} A_i over a
+                                     class c of identical (prompt, response) pairs, for b = trajectory_grpo,
+                                     pooled_grpo: the predicted squared grad-norm ratio b / Dr. MAS with orthogonal,
+                                     equal-norm class gradients (``drmas.algos.class_factors``; docs/theory.md)
 agent/{k}/adv_mean, _std, _m2        moments of agent k's advantages (_m2 = realized E_k[A²] of the run's estimator
                                      over the batch); _absmax: max |A|
 agent/{k}/steps                      |Yk| summed over the batch; /invalid_rate, /truncated_rate, /response_len
@@ -56,7 +62,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from drmas.algos import SpikeDetector, lemma_factors
+from drmas.algos import SpikeDetector, class_factors, lemma_factors, step_classes
 from drmas.io import append_jsonl, read_jsonl_lines, write_jsonl
 from drmas.orchestra.base import Orchestra
 from drmas.step_table import StepTable
@@ -100,6 +106,17 @@ def _lemma_factor_stats(table: StepTable, estimator: str) -> dict[str, float]:
     return out
 
 
+def _class_stats(table: StepTable) -> dict[str, float]:
+    """``distinct_share`` and ``class_factor_{b}`` of every agent (see the module table)."""
+    classes = step_classes(table.task, table.agent, table.prompt_ids, table.response_ids)
+    per_agent = class_factors(table.score, table.task, table.agent, table.traj, classes, GLOBAL_BASELINES)
+    out: dict[str, float] = {}
+    for name, row in per_agent.iterrows():
+        out[f"agent/{name}/distinct_share"] = float(row["distinct"])
+        out.update({f"agent/{name}/class_factor_{b}": float(row[f"factor_{b}"]) for b in GLOBAL_BASELINES})
+    return out
+
+
 def step_metrics(table: StepTable, rollout: Collected, update: dict[str, dict[str, Any]],
                  timings: dict[str, float], spikes: dict[str, SpikeDetector], estimator: str,
                  orchestra: Orchestra | None = None) -> dict[str, Any]:
@@ -112,6 +129,7 @@ def step_metrics(table: StepTable, rollout: Collected, update: dict[str, dict[st
     m.update(_agent_reward_stats(table, rollout.traj_reward, rollout.traj_task))
     if len(table):
         m.update(_lemma_factor_stats(table, estimator))
+        m.update(_class_stats(table))
     resp_len = table.response_len
     for name in dict.fromkeys(table.agent):
         rows = table.agent == name
