@@ -62,14 +62,13 @@ class Collapse:
 def collapse_of(steps: pd.DataFrame, persist: int = PERSIST) -> Collapse:
     """Rule (g) (docs/stability.md) on one run's step records (columns: ``step``, ``reward/mean``,
     ``agent/search/calls_per_traj``, ``wg/*/grad_norm``, ``wg/*/skipped``): the earliest step at which a
-    non-finite norm / skipped update, a sustained reward collapse or a sustained abandonment of search fires."""
+    non-finite norm / skipped update (the logged counts; a missing norm is no update), a sustained reward collapse or a sustained abandonment of search fires."""
     s = steps.sort_values("step").set_index("step")
     fired: dict[str, int] = {}
-    norms = s.filter(regex=r"^wg/.*/grad_norm$")
-    skipped = s.filter(regex=r"^wg/.*/skipped$")
-    bad = (~np.isfinite(norms.to_numpy(float))).any(1) if norms.shape[1] else np.zeros(len(s), bool)
-    if skipped.shape[1]:
-        bad |= (skipped.fillna(0).to_numpy(float) > 0).any(1)
+    # a worker group without rows in a step (an agent nobody called) logs no norm: that is no update, not a
+    # non-finite one, so clause 1 reads the logged counts (train/nonfinite, wg/*/skipped), never a missing norm
+    counts = s.filter(regex=r"^(wg/.*/skipped|train/nonfinite|train/skipped)$")
+    bad = (counts.fillna(0).to_numpy(float) > 0).any(1) if counts.shape[1] else np.zeros(len(s), bool)
     if bad.any():
         fired["non-finite"] = int(s.index[np.argmax(bad)])
     roll = s["reward/mean"].rolling(ROLL, min_periods=ROLL).mean()
@@ -213,15 +212,19 @@ def moved_first(steps: pd.DataFrame, agents: pd.DataFrame) -> dict[str, int | No
         for _, g in a.groupby("agent"):
             if column not in g or g[column].notna().sum() == 0:
                 continue
-            series = g.set_index("step")[column]
+            g = g.set_index("step")
+            series = g[column]
             early = series[series.index < EARLY]
-            hits.append(first(test(series, early)))
+            hits.append(first(test(series, early, g)))
         hits = [h for h in hits if h is not None]
         return min(hits) if hits else None
 
-    out["grad_norm"] = per_agent("grad_norm", lambda x, e: ~np.isfinite(x) | (x > 3 * e.median()))
-    out["control_prob"] = per_agent("control_prob", lambda x, e: (x - e.mean()).abs() > 0.2)
-    out["entropy"] = per_agent("entropy", lambda x, e: (x < 0.5 * e.mean()) | (x > 2 * e.mean()))
+    # a missing value (the agent not called that step) is NaN and moves nothing; a logged non-finite norm is a
+    # spike (``spike`` = 1) and moves the norm
+    logged_nonfinite = lambda x, g: (g["spike"].fillna(0).astype(bool) if "spike" in g else False) & ~np.isfinite(x)
+    out["grad_norm"] = per_agent("grad_norm", lambda x, e, g: (x > 3 * e.median()) | logged_nonfinite(x, g))
+    out["control_prob"] = per_agent("control_prob", lambda x, e, g: (x - e.mean()).abs() > 0.2)
+    out["entropy"] = per_agent("entropy", lambda x, e, g: (x < 0.5 * e.mean()) | (x > 2 * e.mean()))
     if SEARCH_CALLS in s:
         calls = s[SEARCH_CALLS]
         out["search_calls"] = first(calls < 0.5 * calls.iloc[:EARLY].mean())
@@ -259,12 +262,14 @@ def twin_spikes(data: GridData, runs: pd.DataFrame) -> pd.DataFrame:
         both = g.merge(d, on=["step", "agent"], suffixes=("_g", "_d"))
         for agent, b in both.groupby("agent"):
             ng, nd = b["grad_norm_g"].to_numpy(float), b["grad_norm_d"].to_numpy(float)
+            # a missing norm (NaN: the agent not called) is no update: never a spike (its run logged no spike
+            # flag) and never "far above" (NaN compares False); a logged inf is far above a finite twin
             with np.errstate(invalid="ignore", divide="ignore"):
-                g_far = ~np.isfinite(ng) & np.isfinite(nd) | (ng >= TWIN_RATIO * nd)
-                d_far = ~np.isfinite(nd) & np.isfinite(ng) | (nd >= TWIN_RATIO * ng)
-            rows.append({"lr": lr, "seed": seed, "agent": agent, "steps": len(b),
-                         "grpo": int((b["spike_g"].fillna(0).astype(bool) & g_far).sum()),
-                         "drmas": int((b["spike_d"].fillna(0).astype(bool) & d_far).sum())})
+                g_far = (np.isposinf(ng) & np.isfinite(nd)) | (ng >= TWIN_RATIO * nd)
+                d_far = (np.isposinf(nd) & np.isfinite(ng)) | (nd >= TWIN_RATIO * ng)
+            rows.append({"lr": lr, "seed": seed, "agent": agent, "steps": int((np.isfinite(ng) & np.isfinite(nd)).sum()),
+                         "grpo": int((b["spike_g"].fillna(0).astype(bool).to_numpy() & g_far).sum()),
+                         "drmas": int((b["spike_d"].fillna(0).astype(bool).to_numpy() & d_far).sum())})
     return pd.DataFrame(rows, columns=["lr", "seed", "agent", "steps", "grpo", "drmas"])
 
 

@@ -55,6 +55,23 @@ def test_collapse_clauses():
     assert (c.step, c.reason) == (45, "non-finite")
 
 
+def test_a_missing_norm_is_no_update():
+    """A worker group without rows in a step logs no grad norm (NaN in the frame): not a non-finite norm."""
+    frame = _steps(np.full(60, 0.4), np.full(60, 1.5))
+    frame.loc[10:40, "wg/m/grad_norm"] = np.nan  # e.g. the Answer agent never called
+    frame.loc[10:40, "wg/m/skipped"] = np.nan
+    frame["train/nonfinite"] = 0
+    assert S.collapse_of(frame).step is None
+    frame.loc[50, "train/nonfinite"] = 1
+    assert (S.collapse_of(frame).step, S.collapse_of(frame).reason) == (50, "non-finite")
+    # first movers: a missing norm moves nothing; a logged non-finite one (spike flag 1) does
+    agents = pd.DataFrame({"step": np.arange(60), "agent": "answer", "grad_norm": np.ones(60), "spike": 0})
+    agents.loc[20:30, ["grad_norm", "spike"]] = np.nan
+    assert S.moved_first(frame, agents)["grad_norm"] is None
+    agents.loc[45, ["grad_norm", "spike"]] = (np.nan, 1)
+    assert S.moved_first(frame, agents)["grad_norm"] == 45
+
+
 @pytest.mark.parametrize("unstable, levels", [
     ({5e-5: False, 2e-4: False, 8e-4: True, 3.2e-3: True}, [5e-5, 2e-4, 8e-4]),
     ({5e-5: False, 2e-4: True, 8e-4: True, 3.2e-3: True}, [5e-5, 1e-4, 2e-4]),
@@ -90,6 +107,12 @@ def test_grid_verdicts(grid):
     # probability and the Search calls move at step 30
     assert set(an.movers["moved_first"]) == {"grad_norm"}
     assert set(an.movers["first_control_prob"]) == set(an.movers["first_search_calls"]) == {30}
+    # a twin whose agent was not called at a step (no norm logged) is no reference: nothing counted there
+    data = load_grid(grid)
+    drmas_search = (data.agents["run"].str.startswith("stab_drmas") & (data.agents["agent"] == "search")
+                    & data.agents["step"].isin([25, 40]))
+    data.agents.loc[drmas_search, "grad_norm"] = np.nan
+    assert S.twin_spikes(data, S.finished_runs(data)).query("agent == 'search'")["grpo"].sum() == 0
     # accuracy: Dr. MAS 0.3 -> 0.5 over the run vs GRPO 0.3; time-averaged difference ~ +0.1, last ~ +0.2
     auc = an.accuracy[(an.accuracy["measure"] == "auc")]
     assert len(auc) == len(LRS) and (auc["diff"] > 0.03).all()
