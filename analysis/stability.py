@@ -355,6 +355,8 @@ class StabilityAnalysis:
     spike_verdict: str
     accuracy: pd.DataFrame
     pilot: pd.DataFrame
+    in_progress: pd.DataFrame
+    """runs not finished yet: steps so far and rule (g) on them so far (listed, never in a verdict)"""
 
 
 def analyze_stability(data: GridData | None, pilot: GridData | None = None, seed: int = 0,
@@ -362,9 +364,11 @@ def analyze_stability(data: GridData | None, pilot: GridData | None = None, seed
     pilot_table = pilot_summary(pilot) if pilot is not None else pd.DataFrame()
     if data is None:
         empty = pd.DataFrame()
-        return StabilityAnalysis(None, 0, 0, empty, empty, {}, empty, empty, empty, "not run", empty, pilot_table)
+        return StabilityAnalysis(None, 0, 0, empty, empty, {}, empty, empty, empty, "not run", empty, pilot_table, empty)
     runs = finished_runs(data)
     finished, total = grid_status(data)
+    everything = run_table(data)
+    in_progress = everything[~_finished(data).to_numpy() & (everything["n_steps"] > 0)].reset_index(drop=True)
     spikes = twin_spikes(data, runs) if len(runs) else pd.DataFrame(columns=["lr", "seed", "agent", "steps", "grpo", "drmas"])
     verdict, per_agent = spike_verdict(spikes)
     rng = np.random.default_rng(seed)
@@ -373,7 +377,7 @@ def analyze_stability(data: GridData | None, pilot: GridData | None = None, seed
         collapses=collapse_counts(runs) if len(runs) else pd.DataFrame(), frontier=frontier(runs) if len(runs) else {},
         movers=first_movers(data, runs) if len(runs) else pd.DataFrame(), spikes=spikes, spike_agents=per_agent,
         spike_verdict=verdict, accuracy=accuracy_over_time(data, runs, rng, n_boot) if len(runs) else pd.DataFrame(),
-        pilot=pilot_table)
+        pilot=pilot_table, in_progress=in_progress)
 
 
 # ------------------------------------------------------------------------------------------ claims
@@ -506,7 +510,8 @@ def summary_markdown(an: StabilityAnalysis, runs_dir: Path) -> str:
         lines += [f"**{key}.** {j['claim']}. Paper: {j['paper']}. Ours: {j['ours']}. **{j['verdict']}**. Rule: {rule}.", ""]
     for title, frame in (("Pilot (stress dial)", an.pilot), ("Runs", an.runs), ("Collapses", an.collapses),
                          ("First movers (collapsed runs)", an.movers), ("Twin spikes per agent", an.spike_agents),
-                         ("Accuracy over time", an.accuracy)):
+                         ("Accuracy over time", an.accuracy),
+                         ("Runs in progress (steps so far; not in any verdict)", an.in_progress)):
         if frame is not None and len(frame):
             lines += [f"## {title}", "", markdown(frame, index=False), ""]
     return "\n".join(lines) + "\n"
