@@ -202,3 +202,16 @@ def test_notebook_executes_on_a_fixture(grid):
     text = "".join(o.get("text", "") for o in outputs)
     assert f"grid: {grid}" in text and "12 runs" in text
     assert sum("image/png" in o.get("data", {}) for o in outputs) >= 3
+
+
+def test_episodes_keep_every_step_info():
+    """``Episodes.info`` merges an episode's step infos (the last wins); ``step_infos`` keeps each, in order."""
+    import envs.math  # noqa: F401
+    from drmas.orchestra.base import Episodes
+    from envs.base import Task, make_env
+
+    episodes = Episodes([Task("a", "2+2", ("4",)), Task("b", "3+3", ("6",))], make_env("math"))
+    episodes.act(np.array([0, 1]), ["\\boxed{5}", "\\boxed{6}"])
+    episodes.act(np.array([0]), ["\\boxed{4}"])
+    assert [i["correct"] for i in episodes.step_infos[0]] == [False, True]
+    assert [i["correct"] for i in episodes.step_infos[1]] == [True]
