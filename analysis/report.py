@@ -492,7 +492,8 @@ def make_report(runs: Path, out: Path = Path("results"), figures_dir: Path = Pat
         fig_paths = figs.write_figures(data, figures_dir, an.efficiency, an.efficiency_summary, seeds)
         fig_paths += figs.save(figs.fig_mechanism(an.mechanism), figures_dir, "mechanism")
         if an.stability.data is not None:
-            fig_paths += figs.save(stability.fig_gradnorm_over_steps(an.stability.data, an.stability.runs), figures_dir,
+            fig_paths += figs.save(stability.fig_gradnorm_over_steps(an.stability.data, an.stability.runs,
+                                                                     an.stability.in_progress), figures_dir,
                                    "stability_gradnorm_search_nonsharing")
     claims = build_claims(an)
     pd.DataFrame([{"key": c.key, "claim": c.claim, "paper": c.paper, "ours": c.ours, "verdict": c.verdict,

@@ -43,6 +43,12 @@ SEARCH_CALLS = "agent/search/calls_per_traj"
 
 
 # ------------------------------------------------------------------------------------------ rule (g)
+def search_calls(steps: pd.DataFrame) -> pd.Series:
+    """The Search agent's calls per trajectory of each step record; a step in which it was never called (a run
+    that logged no key for it then) counts 0 calls."""
+    return steps[SEARCH_CALLS].fillna(0.0)
+
+
 def _first_sustained(flag: pd.Series, persist: int) -> int | None:
     """First step of the first run of ``persist`` consecutive True values of ``flag`` (indexed by step)."""
     run_id = (~flag).cumsum()
@@ -76,7 +82,7 @@ def collapse_of(steps: pd.DataFrame, persist: int = PERSIST) -> Collapse:
     if (t := _first_sustained(flag, persist)) is not None:
         fired["reward"] = t
     if SEARCH_CALLS in s:
-        calls = s[SEARCH_CALLS]
+        calls = search_calls(s)
         early = calls.iloc[:EARLY].mean()
         roll = calls.rolling(ROLL, min_periods=ROLL).mean()
         flag = (roll < SEARCH_DROP * early) & roll.notna()
@@ -136,8 +142,8 @@ def pilot_summary(pilot: GridData) -> pd.DataFrame:
         c = collapse_of(st, persist=PILOT_PERSIST)
         rows.append({"lr": float(r.level), "steps": len(st), "reward_first10": rew[:EARLY].mean(),
                      "reward_last10": rew[-EARLY:].mean(),
-                     "search_calls_first10": st[SEARCH_CALLS].iloc[:EARLY].mean() if SEARCH_CALLS in st else np.nan,
-                     "search_calls_last10": st[SEARCH_CALLS].iloc[-EARLY:].mean() if SEARCH_CALLS in st else np.nan,
+                     "search_calls_first10": search_calls(st).iloc[:EARLY].mean() if SEARCH_CALLS in st else np.nan,
+                     "search_calls_last10": search_calls(st).iloc[-EARLY:].mean() if SEARCH_CALLS in st else np.nan,
                      "collapse_step": c.step, "collapse_reason": c.reason, "unstable": pilot_unstable(st)})
     return pd.DataFrame(rows).sort_values("lr").reset_index(drop=True)
 
@@ -226,7 +232,7 @@ def moved_first(steps: pd.DataFrame, agents: pd.DataFrame) -> dict[str, int | No
     out["control_prob"] = per_agent("control_prob", lambda x, e, g: (x - e.mean()).abs() > 0.2)
     out["entropy"] = per_agent("entropy", lambda x, e, g: (x < 0.5 * e.mean()) | (x > 2 * e.mean()))
     if SEARCH_CALLS in s:
-        calls = s[SEARCH_CALLS]
+        calls = search_calls(s)
         out["search_calls"] = first(calls < 0.5 * calls.iloc[:EARLY].mean())
     else:
         out["search_calls"] = None
@@ -461,11 +467,16 @@ JUDGES = (("b-revisited", judge_spikes, RULE_B), ("g", judge_collapse, RULE_G), 
 
 
 # ------------------------------------------------------------------------------------------ Figure 4
-def fig_gradnorm_over_steps(data: GridData, runs: pd.DataFrame):
+def fig_gradnorm_over_steps(data: GridData, runs: pd.DataFrame, in_progress: pd.DataFrame | None = None):
     """Figure-4 analogue: per-agent pre-clip grad norm over steps, GRPO (red) vs Dr. MAS (blue), seeds as thin
-    lines, one panel per agent (rows) x learning rate (columns); None without runs."""
+    lines, one panel per agent (rows) x learning rate (columns); runs not finished yet (``in_progress``) dashed
+    and labelled so; None without runs."""
     from analysis.figures import _figure
 
+    if in_progress is not None and len(in_progress):
+        runs = pd.concat([runs.assign(partial=False), in_progress.assign(partial=True)], ignore_index=True)
+    else:
+        runs = runs.assign(partial=False)
     if runs.empty or data.agents.empty or "grad_norm" not in data.agents:
         return None
     ag = data.agents[data.agents["run"].isin(runs["run"])]
@@ -480,8 +491,9 @@ def fig_gradnorm_over_steps(data: GridData, runs: pd.DataFrame):
             for r in runs[runs["lr"] == lr].itertuples():
                 g = ag[(ag["run"] == r.run) & (ag["agent"] == agent)].sort_values("step")
                 y = g["grad_norm"].to_numpy(float)
-                ax.plot(g["step"], np.where(np.isfinite(y), y, np.nan), color=colors.get(r.estimator, "k"), lw=0.6,
-                        alpha=0.8, label=f"{'GRPO' if r.estimator == GRPO else 'Dr. MAS'} s{r.seed}")
+                label = f"{'GRPO' if r.estimator == GRPO else 'Dr. MAS'} s{r.seed}" + (" (in progress)" if r.partial else "")
+                ax.plot(g["step"], np.where(np.isfinite(y), y, np.nan), "--" if r.partial else "-",
+                        color=colors.get(r.estimator, "k"), lw=0.6, alpha=0.8, label=label)
                 bad = ~np.isfinite(y)
                 if bad.any():
                     ax.scatter(g["step"].to_numpy()[bad], np.full(bad.sum(), np.nanmax(np.where(bad, np.nan, y)) if (~bad).any() else 1.0),
@@ -494,8 +506,8 @@ def fig_gradnorm_over_steps(data: GridData, runs: pd.DataFrame):
                 ax.set_ylabel("pre-clip grad norm")
             if i == 0 and j == 0:
                 ax.legend(fontsize=5)
-    fig.suptitle("Search system, non-sharing: per-agent gradient norm, GRPO vs Dr. MAS (seeds thin; ^ non-finite)",
-                 fontsize=9)
+    fig.suptitle("Search system, non-sharing: per-agent pre-clip gradient norm, GRPO vs Dr. MAS (seeds thin; dashed: run "
+                 "in progress; ^ non-finite)", fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -530,7 +542,8 @@ def write_outputs(an: StabilityAnalysis, out: Path, figures: Path, runs_dir: Pat
             frame.to_csv(out / f"{name}.csv", index=False)
             paths.append(out / f"{name}.csv")
     if an.data is not None:
-        paths += save(fig_gradnorm_over_steps(an.data, an.runs), figures, "stability_gradnorm_search_nonsharing")
+        paths += save(fig_gradnorm_over_steps(an.data, an.runs, an.in_progress), figures,
+                      "stability_gradnorm_search_nonsharing")
     return paths
 
 

@@ -47,6 +47,8 @@ def test_collapse_clauses():
     calls = np.r_[np.full(20, 2.0), np.zeros(40)]
     c = S.collapse_of(_steps(flat, calls))
     assert (c.step, c.reason) == (27, "search")
+    # a run that logged no Search-calls key in the steps it never called the Search agent: the same
+    assert S.collapse_of(_steps(flat, np.where(calls > 0, calls, np.nan))).step == 27
     skipped = np.zeros(60)
     skipped[45] = 1
     c = S.collapse_of(_steps(flat, calls, skipped))

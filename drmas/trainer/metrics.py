@@ -25,7 +25,7 @@ agent/{k}/class_factor_{b}           class-aware factor Σ_g Σ_c S_c(b)² / Σ_
 agent/{k}/adv_mean, _std, _m2        moments of agent k's advantages (_m2 = realized E_k[A²] of the run's estimator
                                      over the batch); _absmax: max |A|
 agent/{k}/steps                      |Yk| summed over the batch; /invalid_rate, /truncated_rate, /response_len
-agent/{k}/calls_per_traj             agent k's calls per trajectory (|Yk| / trajectories; the paper's collapse: the
+agent/{k}/calls_per_traj             agent k's calls per trajectory (|Yk| / trajectories; 0 in a step it was not called; the paper's collapse: the
                                      Search agent no longer called)
 agent/{k}/entropy                    token-mean entropy of agent k's responses under the policy being updated
 agent/{k}/control_prob, _min         mean (min) probability of the sampled control token of agent k's responses
@@ -158,6 +158,9 @@ def step_metrics(table: StepTable, rollout: Collected, update: dict[str, dict[st
             prefix = key.rsplit("/", 1)[0]
             m[f"{prefix}/spike_ratio"] = ratio
             m[f"{prefix}/spike"] = int(spike)
+    if orchestra is not None:  # a slot nobody called this step: 0 calls (its other keys are absent)
+        for name in orchestra.slots:
+            m.setdefault(f"agent/{name}/calls_per_traj", 0.0)
     norms = [float(v) for wg in update for k, v in update[wg].items() if k == "grad_norm"]
     m["train/nonfinite"] = int(sum(not math.isfinite(v) for v in norms))
     m["train/skipped"] = int(sum(float(update[wg].get("skipped", 0.0)) for wg in update))
