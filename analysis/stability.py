@@ -492,7 +492,7 @@ def fig_gradnorm_over_steps(data: GridData, runs: pd.DataFrame, in_progress: pd.
                 g = ag[(ag["run"] == r.run) & (ag["agent"] == agent)].sort_values("step")
                 y = g["grad_norm"].to_numpy(float)
                 label = f"{'GRPO' if r.estimator == GRPO else 'Dr. MAS'} s{r.seed}" + (" (in progress)" if r.partial else "")
-                ax.plot(g["step"], np.where(np.isfinite(y), y, np.nan), "--" if r.partial else "-",
+                ax.plot(g["step"], np.where(np.isfinite(y) & (y > 0), y, np.nan), "--" if r.partial else "-",
                         color=colors.get(r.estimator, "k"), lw=0.6, alpha=0.8, label=label)
                 bad = ~np.isfinite(y)
                 if bad.any():
@@ -507,7 +507,7 @@ def fig_gradnorm_over_steps(data: GridData, runs: pd.DataFrame, in_progress: pd.
             if i == 0 and j == 0:
                 ax.legend(fontsize=5)
     fig.suptitle("Search system, non-sharing: per-agent pre-clip gradient norm, GRPO vs Dr. MAS (seeds thin; dashed: run "
-                 "in progress; ^ non-finite)", fontsize=9)
+                 "in progress; ^ non-finite;\na zero norm, e.g. a group of equal scores, leaves a gap on the log scale)", fontsize=9)
     fig.tight_layout()
     return fig
 
