@@ -12,11 +12,9 @@ index), its estimator the ``estimator`` tag.
 from __future__ import annotations
 
 import argparse
-
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-
 
 import numpy as np
 import pandas as pd
