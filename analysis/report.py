@@ -31,6 +31,7 @@ from analysis.class_aware import claim_lemma_classes, class_points
 from analysis.mechanism import FACTOR_REGIME, MIN_POINTS, MechanismVerdict, level_table, mechanism_verdict
 from analysis.runs import GridData, describe_scale, final_evals, load_grid
 from analysis.stats import N_BOOT, kendall_tau, spearman
+from analysis import stability
 from analysis.tables import (ABLATION, ABLATION_ONLY, DATA, PAIRS, PAPER_ABLATION_ORDER, PRICES_YAML, TABLE_OF_TASK,
                              VARIANT, ablation_long, ablation_seeds, ablation_table, accuracy_long, accuracy_table,
                              average_comparison, efficiency_long, efficiency_summary, fmt_ci, fmt_gain, gradnorm_pairs,
@@ -140,9 +141,12 @@ class Analysis:
     scale: dict[str, Any]
     mechanism: pd.DataFrame = field(default_factory=pd.DataFrame)
     """points of the mechanism sweep (:func:`analysis.class_aware.class_points`); empty without a sweep"""
+    stability: stability.StabilityAnalysis = field(default_factory=lambda: stability.analyze_stability(None))
+    """the stability grid's verdicts (:mod:`analysis.stability`); "not run" without the grid"""
 
 
-def analyze(data: GridData, seed: int = 0, n_boot: int = N_BOOT, mechanism: GridData | None = None) -> Analysis:
+def analyze(data: GridData, seed: int = 0, n_boot: int = N_BOOT, mechanism: GridData | None = None,
+            stability_grid: GridData | None = None) -> Analysis:
     """All tables' numbers (bootstrap with ``numpy.random.default_rng(seed)``); ``mechanism``: the sweep's runs."""
     rng = np.random.default_rng(seed)
     paper = load_paper()
@@ -174,7 +178,8 @@ def analyze(data: GridData, seed: int = 0, n_boot: int = N_BOOT, mechanism: Grid
                     pooled=pooled, ablation=abl, ablation_extra=abl_extra, ablation_seeds=abl_seeds, gradnorm=gn,
                     pairs=gradnorm_pairs(gn), efficiency=eff, efficiency_summary=eff_sum, hetero_delta=hetero_delta,
                     headline=headline_table(acc, paper), scale=describe_scale(data),
-                    mechanism=class_points(mechanism) if mechanism is not None else pd.DataFrame())
+                    mechanism=class_points(mechanism) if mechanism is not None else pd.DataFrame(),
+                    stability=stability.analyze_stability(stability_grid, seed=seed, n_boot=n_boot))
 
 
 # ------------------------------------------------------------------------------------------ claims
@@ -415,6 +420,8 @@ CLAIMS = (
     ClaimSpec("f", judge=claim_pooled, rule=(
         "no verdict (the paper does not run it): paired differences of pooled step-level normalization to "
         "agent-wise and to trajectory GRPO, and its spikes")),
+    *(ClaimSpec(key, judge=lambda an, judge=judge: Judged(**judge(an.stability)), rule=rule)
+      for key, judge, rule in stability.JUDGES),
 )
 """The paper's claims in REPORT.md order; each carries its rule, its inputs and its verdict function."""
 
@@ -566,18 +573,21 @@ def summary_text(claims: list[Claim], report: Path) -> str:
 
 
 def make_report(runs: Path, out: Path = Path("results"), figures_dir: Path = Path("paper_figures"), seed: int = 0,
-                n_boot: int = N_BOOT, with_figures: bool = True, mechanism: Path | None = None) -> Path:
-    """Load ``runs`` (and the mechanism sweep's ``mechanism`` directory, if given), write tables, figures and
+                n_boot: int = N_BOOT, with_figures: bool = True, mechanism: Path | None = None,
+                stability_runs: Path | None = None) -> Path:
+    """Load ``runs`` (and the mechanism sweep's ``mechanism`` and the stability grid's ``stability_runs``
+    directories, if given), write tables, figures and
     ``out/REPORT.md``; return the report's path."""
-    return write_report(runs, out, figures_dir, seed, n_boot, with_figures, mechanism)[0]
+    return write_report(runs, out, figures_dir, seed, n_boot, with_figures, mechanism, stability_runs)[0]
 
 
 def write_report(runs: Path, out: Path = Path("results"), figures_dir: Path = Path("paper_figures"), seed: int = 0,
                  n_boot: int = N_BOOT, with_figures: bool = True,
-                 mechanism: Path | None = None) -> tuple[Path, list[Claim]]:
+                 mechanism: Path | None = None, stability_runs: Path | None = None) -> tuple[Path, list[Claim]]:
     """:func:`make_report`, returning the judged claims too."""
     data = load_grid(runs)
-    an = analyze(data, seed=seed, n_boot=n_boot, mechanism=load_grid(mechanism) if mechanism else None)
+    an = analyze(data, seed=seed, n_boot=n_boot, mechanism=load_grid(mechanism) if mechanism else None,
+                 stability_grid=stability.load_optional(stability_runs))
     tables_dir = Path(out) / "tables"
     write_tables(an, tables_dir)
     fig_paths = []
@@ -586,6 +596,10 @@ def write_report(runs: Path, out: Path = Path("results"), figures_dir: Path = Pa
         fig_paths = figs.write_figures(data, figures_dir, an.efficiency, an.efficiency_summary, seeds)
         fig_paths += figs.save(figs.fig_mechanism(an.mechanism), figures_dir, "mechanism")
         fig_paths += figs.save(figs.fig_class_aware(an.mechanism), figures_dir, "mechanism_class_aware")
+        if an.stability.data is not None:
+            fig_paths += figs.save(stability.fig_gradnorm_over_steps(an.stability.data, an.stability.runs,
+                                                                     an.stability.in_progress), figures_dir,
+                                   "stability_gradnorm_search_nonsharing")
     claims = build_claims(an)
     pd.DataFrame([{"key": c.key, "claim": c.claim, "paper": c.paper, "ours": c.ours, "verdict": c.verdict,
                    "headline": c.headline, "rule": c.rule} for c in claims]).to_csv(tables_dir / "claims.csv", index=False)
@@ -607,6 +621,8 @@ class Args:
     no_figures: bool = field(default=False, metadata={"help": "skip the figures"})
     mechanism: Optional[Path] = field(default=None, metadata={"help": "the mechanism sweep's grid directory, e.g. "
                                                                          "results/runs/mechanism (claim a)"})
+    stability: Optional[Path] = field(default=None, metadata={"help": "the stability grid's directory, e.g. "
+                                                                         "results/runs/stability (claims b-revisited, g)"})
 
 
 def parse_args(argv: list[str] | None = None) -> Args:
@@ -618,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         path, claims = write_report(args.runs, args.out, args.figures, args.seed, args.n_boot, not args.no_figures,
-                                    args.mechanism)
+                                    args.mechanism, args.stability)
     except (FileNotFoundError, ValueError) as exc:
         print(f"analysis.report: {exc}", file=sys.stderr)
         return 2

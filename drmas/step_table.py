@@ -17,6 +17,8 @@ truncated  bool         generation hit max_new_tokens
 reward     float64      outcome reward R of the trajectory (team reward; set when the episode ends)
 score      float64      R - c * (1 - valid): what the advantage estimator normalizes
 advantage  float64      set by the trainer (NaN before)
+action     object (str) what the agent's parse extracted (``Parsed.action``: a verdict word, a tagged query or
+                        answer, a boxed answer; "" when invalid)
 ========== ============ =====================================================================
 
 plus ragged ``prompt_ids`` / ``response_ids`` (token ids) and ``texts`` (the decoded responses).
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-ARRAY_COLUMNS = ("task", "traj", "agent", "wg", "turn", "valid", "truncated", "reward", "score", "advantage")
+ARRAY_COLUMNS = ("task", "traj", "agent", "wg", "turn", "valid", "truncated", "reward", "score", "advantage", "action")
 LIST_COLUMNS = ("prompt_ids", "response_ids", "texts")
 
 
@@ -43,9 +45,14 @@ class StepTable:
     reward: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
     score: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
     advantage: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    action: np.ndarray | None = None
     prompt_ids: list[list[int]] = field(default_factory=list)
     response_ids: list[list[int]] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.action is None:  # a table built without parses (tests, probes): no action extracted
+            self.action = np.full(len(self.task), "", object)
 
     def __len__(self) -> int:
         return int(self.task.shape[0])

@@ -3,7 +3,10 @@
 #   bash experiments/run_all.sh [--scale cpu|gpu|paper] [--only STAGE[,STAGE...]] [--seeds N] [--runs PATTERN]
 #                               [--jobs auto|N] [--device auto|cpu|cuda] [--stale error|rerun|keep] [--rebuild-bases]
 # Stages: bench, theory, train (at CPU scale first the mechanism sweep experiments/grids/mechanism.yaml, then the
-# grid experiments/grids/<scale>.yaml), analysis. Sets up the environment itself (idempotent). Resumable: complete
+# grid experiments/grids/<scale>.yaml), analysis. Not in the default run, only when named in --only: stability (the
+# long-horizon stability grid, docs/stability.md: its GRPO pilot, then experiments/grids/stability.yaml, then
+# python -m analysis.stability; 2 x 3 x 3 runs of 150 steps, hours on 2 cores).
+# Sets up the environment itself (idempotent). Resumable: complete
 # runs are skipped, interrupted runs resume from their checkpoint. The SFT'd base checkpoints of the CPU grid are
 # shipped in results/sft/ (this scale's "pre-trained models"; results/sft/bases.json says how they were made).
 # On a fresh clone every run is committed: they are reused and only the analysis is rebuilt (~1 min); the end says
@@ -52,6 +55,7 @@ cd "$ROOT"
 export PYTHONHASHSEED=0
 
 want() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
+asked() { [[ ",$ONLY," == *",$1,"* ]]; }  # stages outside the default run
 stage() { echo; echo "==== [run_all] stage: $1 ($(date +%H:%M:%S))"; }
 SUMMARY="$(mktemp -d)"  # what each stage computed or reused, and the claims: printed at the end
 trap 'rm -rf "$SUMMARY"' EXIT
@@ -107,11 +111,21 @@ if want train; then
     "$PY" -m experiments.record_bases --built "$(date +%F); bash experiments/run_all.sh --rebuild-bases; $("$PY" -m drmas.devices "$DEVICE")"
   fi
 fi
+if asked stability; then
+  stage "stability: the GRPO pilot that set the learning rates, then the stability grid (resumable), then its verdicts"
+  "$PY" -m experiments.grid run experiments/grids/stability_pilot.yaml --jobs "$JOBS" --device "$DEVICE" --stale "$STALE"
+  "$PY" -m experiments.grid run experiments/grids/stability.yaml --jobs "$JOBS" --device "$DEVICE" --stale "$STALE" \
+    ${RUNS:+--only "$RUNS"}
+  "$PY" -m analysis.stability --runs results/runs/stability --pilot results/runs/stability_pilot --out results/stability \
+    --figures paper_figures
+fi
 if want analysis; then
   stage "analysis: tables, figures, statistics and results/REPORT.md from $(out_dir "$GRID")"
   MECH_ARGS=()
   if [ "$SCALE" = cpu ] && [ -f "$(out_dir "$MECH")/index.json" ]; then MECH_ARGS=(--mechanism "$(out_dir "$MECH")"); fi
-  "$PY" -m analysis.report --runs "$(out_dir "$GRID")" --out results --figures paper_figures "${MECH_ARGS[@]}" \
+  STAB_ARGS=()
+  if [ "$SCALE" = cpu ] && [ -f results/runs/stability/index.json ]; then STAB_ARGS=(--stability results/runs/stability); fi
+  "$PY" -m analysis.report --runs "$(out_dir "$GRID")" --out results --figures paper_figures "${MECH_ARGS[@]}" "${STAB_ARGS[@]}" \
     > "$SUMMARY/claims.txt"
 fi
 echo

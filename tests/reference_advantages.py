@@ -23,10 +23,45 @@ def _norm(x, mean, std, eps, scale):
     return (x - mean) / (std + eps) if scale else x - mean
 
 
+REFERENCE_ABLATIONS = {f"{m}_{s}{suffix}": (m, s, by_agent) for m in ("agent", "traj") for s in ("agent", "traj")
+                       for by_agent, suffix in ((True, ""), (False, "_uid"))}
+
+
+def reference_ablation(scores, task_ids, agent_ids, traj_ids, mean_level, std_level, by_agent, ddof, eps, singleton,
+                       scale_by_std) -> list[float]:
+    """The official ablation branch's ``compute_grpo_outcome_advantage`` (commit 72d1dbc), line by line: the
+    group index is ``uid_agent`` (``group_by_agent_id``) or ``uid``; scores accumulate per (index, traj)."""
+    n = len(scores)
+    index = [f"{task_ids[i]}_{agent_ids[i]}" if by_agent else task_ids[i] for i in range(n)]
+    traj_accumulator: dict = defaultdict(list)
+    for i in range(n):
+        traj_accumulator[(index[i], traj_ids[i])].append(scores[i])
+    id2score_agent: dict = defaultdict(list)
+    id2score_traj: dict = defaultdict(list)
+    traj2avg = {}
+    for (idx, t_idx), reward_list in traj_accumulator.items():
+        id2score_agent[idx].extend(reward_list)
+        traj2avg[(idx, t_idx)] = sum(reward_list) / len(reward_list)
+        id2score_traj[idx].append(traj2avg[(idx, t_idx)])
+    stats = {"agent": {k: _stats(v, ddof) for k, v in id2score_agent.items()},
+             "traj": {k: _stats(v, ddof) for k, v in id2score_traj.items()}}
+    out = []
+    for i in range(n):
+        x = traj2avg[(index[i], traj_ids[i])] if mean_level == "traj" else scores[i]
+        mean, _, s1 = stats[mean_level][index[i]]
+        _, std, s2 = stats[std_level][index[i]]
+        adv = 0.0 if (s1 or s2) and singleton == "zero" else _norm(x, mean, std, eps, scale_by_std)
+        out.append(adv)
+    return out
+
+
 def reference_advantages(scores, task_ids, agent_ids, traj_ids, estimator, ddof=1, eps=1e-6,
                          singleton="raw", scale_by_std=True) -> list[float]:
     n = len(scores)
     scores = [float(s) for s in scores]
+    if estimator in REFERENCE_ABLATIONS:
+        return reference_ablation(scores, task_ids, agent_ids, traj_ids, *REFERENCE_ABLATIONS[estimator], ddof=ddof,
+                                  eps=eps, singleton=singleton, scale_by_std=scale_by_std)
     # trajectory-level rewards: mean step score of each (task, traj)
     traj_scores: dict = defaultdict(list)
     for i in range(n):

@@ -283,3 +283,30 @@ def test_constant_group_with_zero_eps_is_not_nan():
     # eps = 0 and a constant group: 0 / 0 must not leak NaN into training.
     got = compute_advantages(torch.tensor([1.0, 1.0]), [0, 0], ["a", "a"], [0, 1], estimator="drmas", eps=0.0)
     assert torch.isfinite(got.advantages).all()
+
+
+# ------------------------------------------------------------- the official ablation branch's estimators
+@pytest.mark.parametrize("ablation, known", [("agent_agent", "drmas"), ("agent_agent_uid", "pooled_grpo"),
+                                             ("traj_traj_uid", "trajectory_grpo")])
+def test_reference_ablations_that_are_known_estimators(ablation, known):
+    """Three of the eight are estimators the suite already had: (uid_agent, steps, steps) is Dr. MAS, (uid,
+    steps, steps) the pooled step baseline, (uid, trajectories, trajectories) trajectory GRPO."""
+    rng = np.random.default_rng(7)
+    for discrete in (True, False):
+        table = random_table(rng, discrete=discrete)
+        torch.testing.assert_close(adv(*table, estimator=ablation), adv(*table, estimator=known))
+
+
+def test_agent_traj_vector():
+    """The branch's default, by hand: one task, agent a acts twice in trajectory 0 and once in trajectory 1.
+    Agent group a: step scores [1, 0, 0] (mean 1/3); per-trajectory means [0.5, 0] (std 0.3536)."""
+    scores, tasks, agents, trajs = [1.0, 0.0, 0.0], ["t"] * 3, ["a"] * 3, [0, 0, 1]
+    std_traj = float(np.std([0.5, 0.0], ddof=1))
+    expected = [(x - 1 / 3) / (std_traj + EPS) for x in scores]
+    torch.testing.assert_close(adv(scores, tasks, agents, trajs, estimator="agent_traj"),
+                               torch.tensor(expected, dtype=torch.float32))
+    # traj_agent: the trajectory means (0.5, 0.5, 0) minus their mean 0.25, over the step std
+    std_step = float(np.std(scores, ddof=1))
+    expected = [(m - 0.25) / (std_step + EPS) for m in (0.5, 0.5, 0.0)]
+    torch.testing.assert_close(adv(scores, tasks, agents, trajs, estimator="traj_agent"),
+                               torch.tensor(expected, dtype=torch.float32))

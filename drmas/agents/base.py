@@ -42,6 +42,10 @@ class Agent(abc.ABC):
     included) and ``parse``."""
 
     role: ClassVar[str] = "agent"
+    control_tag: ClassVar[str] = ""
+    """The text after which the agent's decision begins (``<verify>``: the verdict word; ``<search>``: the
+    query): the response token holding its first non-blank character is the agent's *control token*, whose
+    sampled probability is logged (``agent/{k}/control_prob``). "" = none."""
 
     def __init__(self, name: str):
         self.name = name

@@ -51,6 +51,8 @@ class MathSolver(Agent):
     """Writes a solution ending in \\boxed{answer}; in a retry round it sees its previous solution and
     the Verifier's output (team context keys ``previous_solution``, ``verifier_output``)."""
 
+    control_tag = "\\boxed{"
+
     def render(self, view: AgentView) -> str:
         retry = ""
         if view.team.get("previous_solution"):
@@ -64,6 +66,8 @@ class MathSolver(Agent):
 @register_agent("math_verifier")
 class MathVerifier(Agent):
     """Checks the Solver's solution; ends with <verify>approve</verify> or <verify>reject</verify>."""
+
+    control_tag = _OPEN_VERIFY
 
     def render(self, view: AgentView) -> str:
         return (f"Problem: {view.task.question}\nSolution: {view.team.get('solution', '')}\n"
@@ -88,6 +92,8 @@ def _search_context(view: AgentView) -> str:
 class SearchVerifier(Agent):
     """Router: enough information to answer (<verify>yes</verify>) or search more (<verify>no</verify>)."""
 
+    control_tag = _OPEN_VERIFY
+
     def render(self, view: AgentView) -> str:
         return (f"{_search_context(view)}Verifier: is the information enough to answer? "
                 "Say <verify>yes</verify> or <verify>no</verify>.\nVerdict:")
@@ -100,6 +106,8 @@ class SearchVerifier(Agent):
 class SearchAgent(Agent):
     """Writes <think>...</think><search>query</search>."""
 
+    control_tag = "<search>"
+
     def render(self, view: AgentView) -> str:
         return f"{_search_context(view)}Search agent: write <search>query</search>.\nQuery:"
 
@@ -110,6 +118,8 @@ class SearchAgent(Agent):
 @register_agent("search_answerer")
 class AnswerAgent(Agent):
     """Writes <think>...</think><answer>answer</answer>."""
+
+    control_tag = "<answer>"
 
     def render(self, view: AgentView) -> str:
         return f"{_search_context(view)}Answer agent: write <answer>answer</answer>.\nAnswer:"

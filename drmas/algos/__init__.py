@@ -16,6 +16,7 @@ from drmas.algos.diagnostics import (
     SpikeDetector,
     SpikeRule,
     class_factors,
+    control_positions,
     class_sums,
     grad_norm,
     lemma_factors,
@@ -26,7 +27,7 @@ from drmas.algos.loss import PolicyLossConfig, aggregate_loss, entropy_from_logi
 
 __all__ = [
     "ESTIMATORS", "AdvantageResult", "compute_advantages", "register_estimator",
-    "segment_stats", "AgentGradNorms", "SpikeDetector", "SpikeRule", "class_factors", "class_sums", "grad_norm",
+    "segment_stats", "AgentGradNorms", "SpikeDetector", "SpikeRule", "class_factors", "control_positions", "class_sums", "grad_norm",
     "lemma_factors", "spike_ratios", "step_classes",
     "PolicyLossConfig", "aggregate_loss", "entropy_from_logits", "kl_k3", "policy_loss",
 ]

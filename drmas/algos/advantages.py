@@ -19,6 +19,11 @@ name                statistics (per task group) advantage of a step with score x
                     of agent k (``(uid, agent)``) reference ``group_by_agent_id=True``)
 ``drmas_mean_only`` mu_k and trajectory sigma    (x - mu_k) / (sigma + eps)                 (Table 3)
 ``drmas_std_only``  trajectory mu and sigma_k    (x - mu) / (sigma_k + eps)                 (Table 3)
+``{m}_{s}``         official ablation branch     m, s in {agent, traj}: the mean from level m, the std from
+                    (``adv_estimator``), group   level s; "agent" = over the group's step scores, "traj" =
+                    (task, agent); ``{m}_{s}_uid`` over the group's per-trajectory mean scores (a row then
+                    the same with group = task  normalizes its trajectory's mean when m = traj). See
+                                                 docs/algorithms.md for the map to Table 3
 ``rloo``            leave-one-out over trajs     (R_i - mean_{j != i} R_j) [/ (sigma + eps)]
 ``rloo_agent``      leave-one-out within (task,  (x - mean of the agent's other steps) [/ (sigma_k + eps)]
                     agent) over steps
@@ -326,6 +331,42 @@ def drmas_mean_only(b: StepBatch) -> tuple[torch.Tensor, Grouping]:
 def drmas_std_only(b: StepBatch) -> tuple[torch.Tensor, Grouping]:
     """Table 3 ablation (mu, sigma_k): A = (x - mu) / (sigma_k + eps)."""
     return _mixed(b, agent_mean=False)
+
+
+def _reference_ablation(b: StepBatch, mean_level: str, std_level: str, by_agent: bool) -> tuple[torch.Tensor, Grouping]:
+    """The official code's ablation branch (``compute_grpo_outcome_advantage(adv_estimator=...)``): within a
+    group G (``(task, agent)`` with ``group_by_agent_id``, else the task), "agent" statistics are over G's step
+    scores and "traj" statistics over G's per-trajectory mean scores (the mean of a trajectory's steps *in G*).
+    The mean comes from ``mean_level``, the std from ``std_level``; the value normalized is the row's score
+    when the mean is step-level, its trajectory's mean in G when it is trajectory-level. Each statistic
+    follows the singleton rule of its own level."""
+    group = b.task_agent if by_agent else b.task
+    steps = segment_stats(b.scores, group, b.conv)
+    group_traj = group.combine(b.traj)
+    count = torch.bincount(group_traj.code, minlength=group_traj.count).to(b.scores.dtype)
+    traj_mean = torch.bincount(group_traj.code, weights=b.scores, minlength=group_traj.count) / count
+    group_of_traj = Segments(group.code[group_traj.first], group.count)
+    trajs = segment_stats(traj_mean, group_of_traj, b.conv)
+    key = group.code
+    level = {"agent": (steps, steps.centered), "traj": (trajs, _gather(trajs.centered, group_traj.code))}
+    mean_stats, centered = level[mean_level]
+    std_stats = level[std_level][0]
+    singleton = _gather(mean_stats.singleton, key) | _gather(std_stats.singleton, key)
+    adv = _apply_singleton_rule(_scale(centered, _gather(std_stats.std, key), b.conv), singleton, b.conv)
+    return adv, Grouping(group, mean_stats, by_agent=by_agent)
+
+
+def _register_reference_ablations() -> None:
+    from functools import partial
+
+    for mean_level in ("agent", "traj"):
+        for std_level in ("agent", "traj"):
+            for by_agent, suffix in ((True, ""), (False, "_uid")):
+                fn = partial(_reference_ablation, mean_level=mean_level, std_level=std_level, by_agent=by_agent)
+                register_estimator(f"{mean_level}_{std_level}{suffix}")(fn)
+
+
+_register_reference_ablations()
 
 
 def _leave_one_out(s: SegmentStats, seg: torch.Tensor, conv: Conventions) -> torch.Tensor:

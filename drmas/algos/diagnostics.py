@@ -153,6 +153,29 @@ class AgentGradNorms:
         return norm
 
 
+def control_positions(pieces: np.ndarray, responses: list[list[int]], tags: Iterable[str]) -> np.ndarray:
+    """Index of each response's control token (-1: none): the token whose text holds the first non-blank
+    character after the first occurrence of the row's tag (``Agent.control_tag``) in the response text.
+    ``pieces[id]`` is token ``id`` decoded alone; the response text is taken as their concatenation, so a
+    character maps to the token that wrote it (a token such as ``>yes`` that holds the tag's end and the
+    verdict is the verdict's token)."""
+    out = np.full(len(responses), -1, np.int64)
+    for row, (ids, tag) in enumerate(zip(responses, tags)):
+        if not tag or not ids:
+            continue
+        parts = pieces[np.asarray(ids, np.int64)]
+        text = "".join(parts)
+        start = text.find(tag)
+        if start < 0:
+            continue
+        rest = text[start + len(tag):]
+        target = len(text) - len(rest.lstrip())
+        if target < len(text):
+            ends = np.cumsum(np.fromiter((len(p) for p in parts), np.int64, len(parts)))
+            out[row] = int(np.searchsorted(ends, target, side="right"))
+    return out
+
+
 @dataclass(frozen=True)
 class SpikeRule:
     window: int = 20  # W: how many previous steps the rolling median covers

@@ -19,6 +19,7 @@ import numpy as np
 
 from drmas.agents.base import AgentView, Parsed
 from drmas.registry import Registry
+from drmas.step_table import StepTable
 from envs.base import Env, Task
 
 
@@ -38,12 +39,15 @@ class Episodes:
     reward: np.ndarray = field(init=False)
     done: np.ndarray = field(init=False)
     info: list[dict[str, Any]] = field(init=False)
+    step_infos: list[list[dict[str, Any]]] = field(init=False)
+    """per episode, the environment's info of every step that acted on it, in order (``info`` merges them)"""
 
     def __post_init__(self) -> None:
         n = len(self.tasks)
         self.reward = np.zeros(n, np.float64)
         self.done = np.zeros(n, bool)
         self.info = [{} for _ in range(n)]
+        self.step_infos = [[] for _ in range(n)]
         self.env.reset(self.tasks, seed=self.seed)
 
     def __len__(self) -> int:
@@ -56,6 +60,7 @@ class Episodes:
         self.done[idx] |= out.dones
         for j, i in enumerate(idx):
             self.info[i].update(out.infos[j])
+            self.step_infos[i].append(out.infos[j])
         return out.dones
 
 
@@ -65,6 +70,12 @@ class Orchestra(abc.ABC):
     @abc.abstractmethod
     def run(self, episodes: Episodes, call: CallFn) -> None:
         """Run all episodes to the end; set ``episodes.reward``."""
+
+    def behavior_metrics(self, table: StepTable, n_traj: int, step_infos: list[list[dict[str, Any]]]) -> dict[str, float]:
+        """Metrics of how this workflow's agents behaved in one batch (which agent acted how often, what it
+        decided), from the step table and each trajectory's environment infos; logged every step
+        (drmas/trainer/metrics.py lists each orchestra's keys). Default: none."""
+        return {}
 
 
 ORCHESTRA_REGISTRY: Registry[Callable[..., Orchestra]] = Registry("orchestra")

@@ -1,11 +1,19 @@
 """The paper's two multi-agent systems, their single-agent baselines, and an example user workflow."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import pandas as pd
 
 from drmas.agents.base import AgentView
 from drmas.orchestra.base import CallFn, Episodes, Orchestra, register_orchestra
+from drmas.step_table import StepTable
 from envs.base import HistoryEnv
+
+
+def _share(mask: np.ndarray) -> float:
+    return float(mask.mean()) if mask.size else float("nan")
 
 
 @register_orchestra("math")
@@ -46,6 +54,13 @@ class MathLoop(Orchestra):
         everyone = np.arange(len(episodes))
         episodes.act(everyone, solution)
 
+    def behavior_metrics(self, table: StepTable, n_traj: int, step_infos: list[list[dict[str, Any]]]) -> dict[str, float]:
+        """``math/reject_rate``: share of the Verifier's calls that rejected (a valid <verify>reject</verify>);
+        ``math/solver_rounds``: Solver calls per trajectory (1 .. ``max_loops``)."""
+        verifier = table.agent == "verifier"
+        return {"math/reject_rate": _share(table.action[verifier] == "reject"),
+                "math/solver_rounds": float((table.agent == "solver").sum() / max(n_traj, 1))}
+
 
 @register_orchestra("math_single")
 class MathSingle(Orchestra):
@@ -68,11 +83,29 @@ def _search_views(episodes: Episodes, idx: np.ndarray) -> list[AgentView]:
     return [AgentView(episodes.tasks[i], history=env.history(i)) for i in idx]
 
 
+def env_steps_frame(step_infos: list[list[dict[str, Any]]]) -> pd.DataFrame:
+    """The search environment's step infos as one frame: ``traj``, ``env_turn`` (1-based: the episode's
+    n-th env step), ``action`` (search / answer / invalid), ``missed`` (a retrieval that returned ranks
+    k+1..2k; NaN where nothing was retrieved), ``obs_valid`` (the retrieval succeeded)."""
+    records = [(i, info.get("turn", 0), info.get("action", ""), info.get("missed", np.nan), info.get("obs_valid", False))
+               for i, infos in enumerate(step_infos) for info in infos]
+    return pd.DataFrame.from_records(records, columns=["traj", "env_turn", "action", "missed", "obs_valid"])
+
+
 class _TurnLimited(Orchestra):
     def __init__(self, max_turns: int = 4):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.max_turns = max_turns
+
+    def behavior_metrics(self, table: StepTable, n_traj: int, step_infos: list[list[dict[str, Any]]]) -> dict[str, float]:
+        """``search/answered_without_search``: share of trajectories answered with no search step;
+        ``search/unanswered``: share that ended without an answer (budget used up)."""
+        steps = env_steps_frame(step_infos)
+        answered, searched = np.zeros(n_traj, bool), np.zeros(n_traj, bool)
+        answered[steps["traj"][steps["action"] == "answer"].to_numpy(int)] = True
+        searched[steps["traj"][steps["action"] == "search"].to_numpy(int)] = True
+        return {"search/answered_without_search": _share(answered & ~searched), "search/unanswered": _share(~answered)}
 
 
 @register_orchestra("search")
@@ -105,6 +138,24 @@ class SearchHierarchy(_TurnLimited):
             if active.size == 0:
                 break
         episodes.done[:] = True  # unanswered episodes end with reward 0
+
+    def behavior_metrics(self, table: StepTable, n_traj: int, step_infos: list[list[dict[str, Any]]]) -> dict[str, float]:
+        """Besides the shares of :class:`_TurnLimited`: ``search/verifier_yes_turn{t}``, the Verifier's yes
+        rate at turn t; ``search/verifier_yes_after_miss`` / ``_after_hit``: its yes rate at a turn t >= 1
+        whose preceding search (turn t − 1, the episode's t-th env step) missed / retrieved the top k (a
+        failed or invalid search counts as neither)."""
+        out = super().behavior_metrics(table, n_traj, step_infos)
+        verifier = table.agent == "verifier"
+        yes, turn, traj = table.action[verifier] == "yes", table.turn[verifier], table.traj[verifier]
+        for t in range(self.max_turns):
+            out[f"search/verifier_yes_turn{t}"] = _share(yes[turn == t])
+        steps = env_steps_frame(step_infos)
+        retrieved = steps[(steps["action"] == "search") & steps["obs_valid"].astype(bool) & steps["missed"].notna()]
+        missed = retrieved.set_index(["traj", "env_turn"])["missed"]
+        before = missed.reindex(pd.MultiIndex.from_arrays([traj, turn])).to_numpy(float)  # NaN: no retrieval before
+        out["search/verifier_yes_after_miss"] = _share(yes[before == 1])
+        out["search/verifier_yes_after_hit"] = _share(yes[before == 0])
+        return out
 
 
 @register_orchestra("search_single")

@@ -42,6 +42,8 @@ class Collected:
     traj_reward: np.ndarray  # [B * N]
     traj_task: np.ndarray  # [B * N] task index of each trajectory
     infos: list[dict]
+    step_infos: list[list[dict]] = field(default_factory=list)
+    """each trajectory's environment ``infos``, one dict per ``env.step`` that acted on it, in order"""
     seconds_per_wg: dict[str, float] = field(default_factory=dict)
     tokens_per_agent: dict[str, int] = field(default_factory=dict)
 
@@ -84,10 +86,10 @@ def collect(
             task=traj_task[idx], traj=idx, agent=np.full(n, slot, object), wg=np.full(n, bound.wg, object),
             turn=np.full(n, turn, np.int64), valid=np.array([p.valid for p in parsed], bool),
             truncated=np.asarray(gen.truncated, bool), reward=np.zeros(n), score=np.zeros(n),
-            advantage=np.full(n, np.nan), prompt_ids=gen.prompt_ids, response_ids=gen.response_ids,
+            advantage=np.full(n, np.nan), action=np.array([p.action for p in parsed], object), prompt_ids=gen.prompt_ids, response_ids=gen.response_ids,
             texts=list(gen.texts)))
         return list(gen.texts), parsed
 
     orchestra.run(episodes, call)
     table = StepTable.concat(parts)
-    return Collected(table, episodes.reward.copy(), traj_task, episodes.info, seconds, tokens)
+    return Collected(table, episodes.reward.copy(), traj_task, episodes.info, episodes.step_infos, seconds, tokens)

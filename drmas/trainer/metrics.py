@@ -26,6 +26,13 @@ agent/{k}/class_factor_{b}           class-aware factor Σ_g Σ_c S_c(b)² / Σ_
 agent/{k}/adv_mean, _std, _m2        moments of agent k's advantages (_m2 = realized E_k[A²] of the run's estimator
                                      over the batch); _absmax: max |A|
 agent/{k}/steps                      |Yk| summed over the batch; /invalid_rate, /truncated_rate, /response_len
+agent/{k}/calls_per_traj             agent k's calls per trajectory (|Yk| / trajectories; 0 in a step it was not called; the paper's collapse: the
+                                     Search agent no longer called)
+agent/{k}/entropy                    token-mean entropy of agent k's responses under the policy being updated
+agent/{k}/control_prob, _min         mean (min) probability of the sampled control token of agent k's responses
+                                     under the policy that sampled them: the token holding the first non-blank
+                                     character after ``Agent.control_tag`` (<verify>: the verdict; <search>: the
+                                     query's start; <answer>; \\boxed{}); rows without the tag left out
 agent/{k}/grad_norm                  pre-clip norm of agent k's contribution to its model's gradient (max over
                                      mini-batches); /spike_ratio, /spike: the spike statistic (docs/algorithms.md)
 wg/{m}/grad_norm                     pre-clip gradient norm of model m (max over mini-batches); /spike
@@ -41,7 +48,17 @@ tools/{tool}/failures                of those, the calls that failed after the t
                                      "search unavailable", so a step with failures has degraded rewards
 actor/{m}/grad_norm, pg_loss, ...    W&B only: the reference code's names of wg/{m}/grad_norm, loss, clip_frac
                                      (pg_clipfrac), entropy, approx_kl_old (ppo_kl), lr (``reference_names``)
+train/nonfinite, train/skipped       worker groups whose pre-clip gradient norm is non-finite / whose optimizer
+                                     step was skipped (sum of wg/{m}/skipped) this step
+search/answered_without_search       search orchestras: share of trajectories answered with no search step;
+search/unanswered                    share that ended without an answer (the turn budget used up)
+search/verifier_yes_turn{t}          search hierarchy: the Verifier's yes rate at turn t; _after_miss, _after_hit:
+search/verifier_yes_after_miss, _hit at a turn whose preceding search missed (ranks k+1..2k) / retrieved the top k
+math/reject_rate, math/solver_rounds math loop: share of Verifier calls that rejected; Solver calls per trajectory
 ==================================== ==========================================================================
+
+The ``search/*`` and ``math/*`` keys come from the run's orchestra (``Orchestra.behavior_metrics``), the others
+from every run.
 """
 from __future__ import annotations
 
@@ -57,6 +74,7 @@ import pandas as pd
 from drmas.algos import SpikeDetector, class_factors, lemma_factors, step_classes
 from drmas.io import append_jsonl, read_jsonl_lines, write_jsonl
 from drmas.registry import Registry
+from drmas.orchestra.base import Orchestra
 from drmas.step_table import StepTable
 from drmas.trainer.collect import Collected
 
@@ -110,7 +128,9 @@ def _class_stats(table: StepTable) -> dict[str, float]:
 
 
 def step_metrics(table: StepTable, rollout: Collected, update: dict[str, dict[str, Any]],
-                 timings: dict[str, float], spikes: dict[str, SpikeDetector], estimator: str) -> dict[str, Any]:
+                 timings: dict[str, float], spikes: dict[str, SpikeDetector], estimator: str,
+                 orchestra: Orchestra | None = None) -> dict[str, Any]:
+    n_traj = len(rollout.traj_reward)
     m: dict[str, Any] = {
         "reward/mean": float(rollout.traj_reward.mean()), "reward/std": float(rollout.traj_reward.std()),
         "score/mean": float(table.score.mean()) if len(table) else float("nan"),
@@ -132,11 +152,13 @@ def step_metrics(table: StepTable, rollout: Collected, update: dict[str, dict[st
         m[f"agent/{name}/invalid_rate"] = float(1.0 - table.valid[rows].mean())
         m[f"agent/{name}/truncated_rate"] = float(table.truncated[rows].mean())
         m[f"agent/{name}/response_len"] = float(resp_len[rows].mean())
+        m[f"agent/{name}/calls_per_traj"] = float(rows.sum() / max(n_traj, 1))
         m[f"tokens/{name}"] = int(rollout.tokens_per_agent.get(name, 0))
     for wg, metrics in update.items():
         for key, value in metrics.items():
-            if key.startswith("agent_grad_norm/"):
-                m[f"agent/{key.split('/', 1)[1]}/grad_norm"] = value
+            if key.startswith("agent_") and "/" in key:  # agent_grad_norm/{k} -> agent/{k}/grad_norm, ...
+                stat, name = key.split("/", 1)
+                m[f"agent/{name}/{stat.removeprefix('agent_')}"] = value
             else:
                 m[f"wg/{wg}/{key}"] = value
     for name, det in spikes.items():
@@ -146,6 +168,14 @@ def step_metrics(table: StepTable, rollout: Collected, update: dict[str, dict[st
             prefix = key.rsplit("/", 1)[0]
             m[f"{prefix}/spike_ratio"] = ratio
             m[f"{prefix}/spike"] = int(spike)
+    if orchestra is not None:  # a slot nobody called this step: 0 calls (its other keys are absent)
+        for name in orchestra.slots:
+            m.setdefault(f"agent/{name}/calls_per_traj", 0.0)
+    norms = [float(v) for wg in update for k, v in update[wg].items() if k == "grad_norm"]
+    m["train/nonfinite"] = int(sum(not math.isfinite(v) for v in norms))
+    m["train/skipped"] = int(sum(float(update[wg].get("skipped", 0.0)) for wg in update))
+    if orchestra is not None:
+        m.update(orchestra.behavior_metrics(table, n_traj, rollout.step_infos))
     for wg, secs in rollout.seconds_per_wg.items():
         m[f"timing/generate/{wg}"] = secs
     m.update({f"timing/{k}": v for k, v in timings.items()})

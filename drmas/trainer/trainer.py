@@ -117,7 +117,8 @@ class Trainer:
         with _timed(timings, "update"):
             update = self.backend.update({wg: self._update_batch(table, wg) for wg in cfg.models},
                                          step_seed=cfg.train.seed * 7919 + step)
-        return {**step_metrics(table, rollout, update, timings, self.spikes, cfg.algo.estimator), **tool_metrics(tools)}
+        return {**step_metrics(table, rollout, update, timings, self.spikes, cfg.algo.estimator,
+                                 self.orchestra), **tool_metrics(tools)}
 
     def _tool_check(self, before: dict[str, Any], what: str) -> dict[str, tuple[int, int]]:
         """(calls, failures) per tool since ``before``; raises :class:`ToolFailure` when a tool's failure
@@ -140,8 +141,9 @@ class Trainer:
     def _update_batch(self, table, wg: str) -> UpdateBatch:
         rows = np.flatnonzero(table.wg == wg)
         temps = np.array([self.slots[a].sampling.temperature for a in table.agent[rows]], np.float64)
+        tags = np.array([self.slots[a].agent.control_tag for a in table.agent[rows]], object)
         return UpdateBatch([table.prompt_ids[i] for i in rows], [table.response_ids[i] for i in rows],
-                           table.advantage[rows].astype(np.float32), table.agent[rows], temps)
+                           table.advantage[rows].astype(np.float32), table.agent[rows], temps, tags)
 
     # ------------------------------------------------------------------------------- evaluation
     def evaluate(self, step: int, record: bool = True) -> dict[str, Any]:

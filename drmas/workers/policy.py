@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from drmas.algos import AgentGradNorms, PolicyLossConfig, policy_loss
+from drmas.algos import AgentGradNorms, PolicyLossConfig, control_positions, policy_loss
 from drmas.config import AlgoConfig, ModelConfig, OptimConfig
 from drmas.devices import autocast, resolve_device
 from drmas.models.logprobs import (batch_logprobs, group_prompts, make_batch, make_shared_prefix_batch,
@@ -58,6 +58,7 @@ class UpdateBatch:
     advantages: np.ndarray  # float [n]
     agents: np.ndarray  # str [n]
     temperature: np.ndarray  # float [n]: the sampling temperature each row was generated with
+    control_tags: np.ndarray | None = None  # str [n]: each row's agent's control tag (Agent.control_tag); None: none
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,7 @@ class PolicyWorker:
         old_logp = self._old_logprobs(batch) if len(plan) > 1 else None
         agg = self.spec.algo.aggregation
         per_step: list[dict[str, float]] = []
+        behavior = _AgentBehavior(self._control_positions(batch), n)
         for (micro_batches,) in plan:  # one rank
             rows_of_mini = np.concatenate([mb.rows for mb in micro_batches])
             total = sum(len(batch.response_ids[i]) for i in rows_of_mini) if agg == "token_mean" else len(rows_of_mini)
@@ -180,6 +182,7 @@ class PolicyWorker:
                 if self.ref_model is not None:
                     with torch.no_grad():
                         _, ref, _ = self._forward(rows, batch, self.ref_model, with_entropy=False)
+                behavior.add(str(mb.agent), rows, old, mask, entropy)
                 adv = torch.as_tensor(batch.advantages[rows], dtype=logp.dtype, device=logp.device)
                 loss, m = policy_loss(logp, old, adv, mask, self.loss_cfg, ref_logprobs=ref, entropy=entropy)
                 share = (float(mask.sum()) if agg == "token_mean" else len(rows)) / max(total, 1)
@@ -202,8 +205,17 @@ class PolicyWorker:
         if any(not d["skipped"] for d in per_step):
             self.scheduler.step()  # the warm-up counts RL steps that updated the weights
         metrics.update(reduce_step_metrics(per_step))
+        metrics.update(behavior.metrics(batch.agents))
         metrics["lr"] = float(self.scheduler.get_last_lr()[0])
         return metrics
+
+    def _control_positions(self, batch: UpdateBatch) -> np.ndarray:
+        """Each row's control-token index in its response (-1: none; :func:`drmas.algos.control_positions`)."""
+        if batch.control_tags is None:
+            return np.full(len(batch.response_ids), -1, np.int64)
+        if getattr(self, "_pieces", None) is None:  # every token id decoded alone, once
+            self._pieces = np.array(self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))]), object)
+        return control_positions(self._pieces, batch.response_ids, batch.control_tags)
 
     def _old_logprobs(self, batch: UpdateBatch) -> list[torch.Tensor]:
         """Log-probs of every row under the policy before this step's first optimizer step (the update's
@@ -236,6 +248,41 @@ class PolicyWorker:
         from drmas.models.factory import save_policy
 
         return str(save_policy(self.model, self.tokenizer, folder))
+
+
+class _AgentBehavior:
+    """Per-agent policy statistics of one RL step, gathered during the update's forward passes:
+    ``agent_entropy/{k}`` (token-mean entropy of agent k's responses under the policy being updated) and
+    ``agent_control_prob/{k}`` (mean probability, under the pre-update policy that sampled them, of the
+    sampled control tokens of agent k's rows that have one; ``_min``: the smallest)."""
+
+    def __init__(self, positions: np.ndarray, n: int):
+        self.positions = positions
+        self.control_logp = np.full(n, np.nan)
+        self.entropy: dict[str, list[float]] = {}
+
+    def add(self, agent: str, rows: np.ndarray, old_logp: torch.Tensor, mask: torch.Tensor,
+            entropy: torch.Tensor | None) -> None:
+        pos = self.positions[rows]
+        has = np.flatnonzero((pos >= 0) & (pos < old_logp.shape[1]))
+        if has.size:
+            picked = old_logp[torch.as_tensor(has, device=old_logp.device), torch.as_tensor(pos[has], device=old_logp.device)]
+            self.control_logp[rows[has]] = picked.detach().double().cpu().numpy()
+        if entropy is not None:
+            total = self.entropy.setdefault(agent, [0.0, 0.0])
+            total[0] += float((entropy.detach() * mask).sum())
+            total[1] += float(mask.sum())
+
+    def metrics(self, agents: np.ndarray) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for agent, (ent, tokens) in self.entropy.items():
+            out[f"agent_entropy/{agent}"] = ent / tokens if tokens else float("nan")
+        for agent in dict.fromkeys(agents.tolist()):
+            p = np.exp(self.control_logp[(agents == agent) & np.isfinite(self.control_logp)])
+            if p.size:
+                out[f"agent_control_prob/{agent}"] = float(p.mean())
+                out[f"agent_control_prob_min/{agent}"] = float(p.min())
+        return out
 
 
 def _pad_stack(rows: list[torch.Tensor], shape: torch.Size) -> torch.Tensor:

@@ -1,0 +1,572 @@
+"""The stability grid's verdicts (docs/stability.md; the rules are written there first, and the constants
+below are its numbers): collapse (rule g) with Fisher exact tests and the stability frontier, which signal
+moved first in a collapsed run, spikes against the Dr. MAS twin (rule b revisited), accuracy over time
+(Dr. MAS − GRPO area under the avg@k curve and at the last evaluation, paired by seed), the stress dial
+read off the pilot, and the Figure-4 analogue.
+
+    python -m analysis.stability --runs results/runs/stability [--pilot results/runs/stability_pilot]
+
+Inputs are :func:`analysis.runs.load_grid` frames; the learning rate of a run is its ``lr`` tag (the grid's
+index), its estimator the ``estimator`` tag.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+from analysis.runs import GridData, load_grid
+from analysis.stats import N_BOOT, paired_test
+from analysis.tables import markdown
+
+logger = logging.getLogger(__name__)
+
+GRPO, DRMAS = "trajectory_grpo", "drmas"
+ROLL = 10                # W: trailing window of the rolling means
+EARLY = 10               # steps 0 .. EARLY-1: a run's own early range
+PERSIST = 20             # M: consecutive steps a drop must last (the pilot: PILOT_PERSIST)
+PILOT_PERSIST = 10
+REWARD_DROP = 0.5        # rolling reward at or below this share of its running peak
+SEARCH_DROP = 0.25       # rolling Search calls per trajectory below this share of the early level
+TWIN_RATIO = 2.0         # a twin spike: at least this many times the twin's norm at the same step
+ALPHA = 0.05
+PILOT_BASE_LR = 5.0e-5
+PILOT_LEVELS = tuple(PILOT_BASE_LR * 4 ** i for i in range(4))
+SEARCH_CALLS = "agent/search/calls_per_traj"
+
+
+# ------------------------------------------------------------------------------------------ rule (g)
+def search_calls(steps: pd.DataFrame) -> pd.Series:
+    """The Search agent's calls per trajectory of each step record; a step in which it was never called (a run
+    that logged no key for it then) counts 0 calls."""
+    return steps[SEARCH_CALLS].fillna(0.0)
+
+
+def _first_sustained(flag: pd.Series, persist: int) -> int | None:
+    """First step of the first run of ``persist`` consecutive True values of ``flag`` (indexed by step)."""
+    run_id = (~flag).cumsum()
+    length = flag.groupby(run_id).transform("sum")
+    hits = flag & (length >= persist)
+    return int(hits.idxmax()) if hits.any() else None
+
+
+@dataclass(frozen=True)
+class Collapse:
+    """Rule (g) on one run: the step it fired at (None: never) and which clause fired first."""
+
+    step: int | None
+    reason: str  # "non-finite", "reward", "search", or "" when it never fired
+
+
+def collapse_of(steps: pd.DataFrame, persist: int = PERSIST) -> Collapse:
+    """Rule (g) (docs/stability.md) on one run's step records (columns: ``step``, ``reward/mean``,
+    ``agent/search/calls_per_traj``, ``wg/*/grad_norm``, ``wg/*/skipped``): the earliest step at which a
+    non-finite norm / skipped update (the logged counts; a missing norm is no update), a sustained reward collapse or a sustained abandonment of search fires."""
+    s = steps.sort_values("step").set_index("step")
+    fired: dict[str, int] = {}
+    # a worker group without rows in a step (an agent nobody called) logs no norm: that is no update, not a
+    # non-finite one, so clause 1 reads the logged counts (train/nonfinite, wg/*/skipped), never a missing norm
+    counts = s.filter(regex=r"^(wg/.*/skipped|train/nonfinite|train/skipped)$")
+    bad = (counts.fillna(0).to_numpy(float) > 0).any(1) if counts.shape[1] else np.zeros(len(s), bool)
+    if bad.any():
+        fired["non-finite"] = int(s.index[np.argmax(bad)])
+    roll = s["reward/mean"].rolling(ROLL, min_periods=ROLL).mean()
+    flag = (roll <= REWARD_DROP * roll.cummax()) & roll.notna()
+    if (t := _first_sustained(flag, persist)) is not None:
+        fired["reward"] = t
+    if SEARCH_CALLS in s:
+        calls = search_calls(s)
+        early = calls.iloc[:EARLY].mean()
+        roll = calls.rolling(ROLL, min_periods=ROLL).mean()
+        flag = (roll < SEARCH_DROP * early) & roll.notna()
+        if (t := _first_sustained(flag, persist)) is not None:
+            fired["search"] = t
+    if not fired:
+        return Collapse(None, "")
+    reason = min(fired, key=fired.get)
+    return Collapse(fired[reason], reason)
+
+
+def _steps_of(data: GridData, run: str) -> pd.DataFrame:
+    return data.steps[data.steps["run"] == run]
+
+
+def run_table(data: GridData) -> pd.DataFrame:
+    """One row per run of the grid: estimator, lr, seed, status, steps done, collapse step and reason."""
+    rows = []
+    for r in data.runs.itertuples():
+        st = _steps_of(data, r.run)
+        c = collapse_of(st) if len(st) else Collapse(None, "")
+        rows.append({"run": r.run, "estimator": r.estimator, "lr": float(r.level), "seed": r.seed,
+                     "done": r.status == "done", "n_steps": len(st), "collapse_step": c.step,
+                     "collapse_reason": c.reason, "collapsed": c.step is not None})
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------------------------ the dial
+def pilot_unstable(steps: pd.DataFrame) -> bool:
+    """The pilot's instability rule: rule (g) with M = PILOT_PERSIST, or the mean reward of the last 10
+    steps at most REWARD_DROP of the first 10's."""
+    s = steps.sort_values("step")
+    r = s["reward/mean"].to_numpy(float)
+    late_drop = len(r) >= 2 * EARLY and r[-EARLY:].mean() <= REWARD_DROP * r[:EARLY].mean()
+    return collapse_of(s, persist=PILOT_PERSIST).step is not None or bool(late_drop)
+
+
+def dial_levels(unstable: dict[float, bool]) -> tuple[list[float], str]:
+    """The grid's learning rates from the pilot's verdict per level (docs/stability.md, "The stress dial")."""
+    levels = sorted(unstable)
+    bad = [i for i, lr in enumerate(levels) if unstable[lr]]
+    if not bad:
+        return [levels[0], levels[2], levels[3]], "no pilot level was unstable"
+    i = bad[0]
+    if i == 0:
+        return [levels[0]], "the default learning rate is already unstable"
+    if i == 1:
+        return [levels[0], 1.0e-4, levels[1]], f"smallest unstable level {levels[1]:g}"
+    return [levels[0], levels[i - 1], levels[i]], f"smallest unstable level {levels[i]:g}"
+
+
+def pilot_summary(pilot: GridData) -> pd.DataFrame:
+    rows = []
+    for r in pilot.runs.itertuples():
+        st = _steps_of(pilot, r.run).sort_values("step")
+        rew = st["reward/mean"].to_numpy(float)
+        c = collapse_of(st, persist=PILOT_PERSIST)
+        rows.append({"lr": float(r.level), "steps": len(st), "reward_first10": rew[:EARLY].mean(),
+                     "reward_last10": rew[-EARLY:].mean(),
+                     "search_calls_first10": search_calls(st).iloc[:EARLY].mean() if SEARCH_CALLS in st else np.nan,
+                     "search_calls_last10": search_calls(st).iloc[-EARLY:].mean() if SEARCH_CALLS in st else np.nan,
+                     "collapse_step": c.step, "collapse_reason": c.reason, "unstable": pilot_unstable(st)})
+    return pd.DataFrame(rows).sort_values("lr").reset_index(drop=True)
+
+
+# -------------------------------------------------------------------------------------- grid status
+def grid_status(data: GridData | None) -> tuple[int, int]:
+    """(runs usable for the verdicts, runs the grid has): a run counts when it is done, or when it stopped
+    on non-finite gradients (``NonFiniteStop``: the grid marks it failed; rule g's first clause fired)."""
+    if data is None:
+        return 0, 0
+    return int(_finished(data).sum()), len(data.runs)
+
+
+def _finished(data: GridData) -> pd.Series:
+    done = data.runs["status"] == "done"
+    failed = data.runs["status"] == "failed"
+    if failed.any():
+        nonfinite = {r for r in data.runs.loc[failed, "run"] if collapse_of(_steps_of(data, r)).reason == "non-finite"}
+        done |= data.runs["run"].isin(nonfinite)
+    return done
+
+
+def finished_runs(data: GridData) -> pd.DataFrame:
+    table = run_table(data)
+    return table[_finished(data).to_numpy()].reset_index(drop=True)
+
+
+# -------------------------------------------------------------------------------------- rule (g) tests
+def collapse_counts(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per (estimator, lr): seeds, collapsed seeds, and per lr the one-sided Fisher exact p (GRPO collapses
+    more often than Dr. MAS), plus a pooled row (lr = NaN) over every learning rate."""
+    rows = []
+    for lr, g in [*runs.groupby("lr"), (np.nan, runs)]:
+        counts = {e: (int(g.loc[g["estimator"] == e, "collapsed"].sum()), int((g["estimator"] == e).sum()))
+                  for e in (GRPO, DRMAS)}
+        (cg, ng), (cd, nd) = counts[GRPO], counts[DRMAS]
+        p = float(sps.fisher_exact([[cg, ng - cg], [cd, nd - cd]], alternative="greater").pvalue) if ng and nd else np.nan
+        rows.append({"lr": lr, "grpo_collapsed": cg, "grpo_n": ng, "drmas_collapsed": cd, "drmas_n": nd,
+                     "fisher_p": p})
+    return pd.DataFrame(rows)
+
+
+def frontier(runs: pd.DataFrame) -> dict[str, float | None]:
+    """Per estimator, the largest learning rate at which none of its seeds collapsed and every lower level
+    held (None: it collapses at the lowest level; only levels with finished runs count)."""
+    out: dict[str, float | None] = {}
+    for est, g in runs.groupby("estimator"):
+        best = None
+        for lr, cell in g.groupby("lr"):
+            if cell["collapsed"].any():
+                break
+            best = float(lr)
+        out[est] = best
+    return out
+
+
+SIGNALS = ("grad_norm", "control_prob", "search_calls", "entropy")
+
+
+def moved_first(steps: pd.DataFrame, agents: pd.DataFrame) -> dict[str, int | None]:
+    """For one run: the first step at which each signal left its own early range (docs/stability.md)."""
+    s = steps.sort_values("step").set_index("step")
+    a = agents.sort_values("step")
+    out: dict[str, int | None] = {}
+
+    def first(mask: pd.Series) -> int | None:
+        mask = mask[mask.index >= EARLY]
+        return int(mask.idxmax()) if mask.any() else None
+
+    def per_agent(column: str, test) -> int | None:
+        hits = []
+        for _, g in a.groupby("agent"):
+            if column not in g or g[column].notna().sum() == 0:
+                continue
+            g = g.set_index("step")
+            series = g[column]
+            early = series[series.index < EARLY]
+            hits.append(first(test(series, early, g)))
+        hits = [h for h in hits if h is not None]
+        return min(hits) if hits else None
+
+    # a missing value (the agent not called that step) is NaN and moves nothing; a logged non-finite norm is a
+    # spike (``spike`` = 1) and moves the norm
+    logged_nonfinite = lambda x, g: (g["spike"].fillna(0).astype(bool) if "spike" in g else False) & ~np.isfinite(x)
+    out["grad_norm"] = per_agent("grad_norm", lambda x, e, g: (x > 3 * e.median()) | logged_nonfinite(x, g))
+    out["control_prob"] = per_agent("control_prob", lambda x, e, g: (x - e.mean()).abs() > 0.2)
+    out["entropy"] = per_agent("entropy", lambda x, e, g: (x < 0.5 * e.mean()) | (x > 2 * e.mean()))
+    if SEARCH_CALLS in s:
+        calls = search_calls(s)
+        out["search_calls"] = first(calls < 0.5 * calls.iloc[:EARLY].mean())
+    else:
+        out["search_calls"] = None
+    return out
+
+
+def first_movers(data: GridData, runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per collapsed run: the first step of each signal and which moved first (ties joined by '+')."""
+    rows = []
+    for r in runs[runs["collapsed"]].itertuples():
+        steps = moved_first(_steps_of(data, r.run), data.agents[data.agents["run"] == r.run])
+        seen = {k: v for k, v in steps.items() if v is not None}
+        earliest = min(seen.values()) if seen else None
+        rows.append({"run": r.run, "estimator": r.estimator, "lr": r.lr, "seed": r.seed,
+                     "collapse_step": r.collapse_step, "collapse_reason": r.collapse_reason,
+                     **{f"first_{k}": v for k, v in steps.items()},
+                     "moved_first": "+".join(k for k in SIGNALS if seen.get(k) == earliest) if seen else "never"})
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------------- rule (b) revisited
+def twin_spikes(data: GridData, runs: pd.DataFrame) -> pd.DataFrame:
+    """Per (lr, seed, agent) with both twins finished: GRPO's twin spikes (spike in its own history and
+    >= TWIN_RATIO x the Dr. MAS norm at the same step) and Dr. MAS's (the same the other way)."""
+    ag = data.agents[["run", "step", "agent", "grad_norm", "spike"]]
+    rows = []
+    for (lr, seed), cell in runs.groupby(["lr", "seed"]):
+        by_est = {e: cell.loc[cell["estimator"] == e, "run"] for e in (GRPO, DRMAS)}
+        if any(len(v) != 1 for v in by_est.values()):
+            continue
+        g = ag[ag["run"] == by_est[GRPO].iloc[0]]
+        d = ag[ag["run"] == by_est[DRMAS].iloc[0]]
+        both = g.merge(d, on=["step", "agent"], suffixes=("_g", "_d"))
+        for agent, b in both.groupby("agent"):
+            ng, nd = b["grad_norm_g"].to_numpy(float), b["grad_norm_d"].to_numpy(float)
+            # a missing norm (NaN: the agent not called) is no update: never a spike (its run logged no spike
+            # flag) and never "far above" (NaN compares False); a logged inf is far above a finite twin
+            with np.errstate(invalid="ignore", divide="ignore"):
+                g_far = (np.isposinf(ng) & np.isfinite(nd)) | (ng >= TWIN_RATIO * nd)
+                d_far = (np.isposinf(nd) & np.isfinite(ng)) | (nd >= TWIN_RATIO * ng)
+            rows.append({"lr": lr, "seed": seed, "agent": agent, "steps": int((np.isfinite(ng) & np.isfinite(nd)).sum()),
+                         "grpo": int((b["spike_g"].fillna(0).astype(bool).to_numpy() & g_far).sum()),
+                         "drmas": int((b["spike_d"].fillna(0).astype(bool).to_numpy() & d_far).sum())})
+    return pd.DataFrame(rows, columns=["lr", "seed", "agent", "steps", "grpo", "drmas"])
+
+
+def spike_verdict(spikes: pd.DataFrame) -> tuple[str, pd.DataFrame]:
+    """Per agent G, D, the two-sided binomial p of G ~ Bin(G + D, 1/2) and its Holm-adjusted value; the
+    verdict of docs/stability.md (supported / refuted / inconclusive)."""
+    per = spikes.groupby("agent")[["grpo", "drmas"]].sum().reset_index()
+    if per.empty:
+        return "not run", per
+    per["p"] = [float(sps.binomtest(int(g), int(g + d), 0.5).pvalue) if g + d else 1.0
+                for g, d in zip(per["grpo"], per["drmas"])]
+    order = np.argsort(per["p"].to_numpy())
+    m = len(per)
+    holm = np.empty(m)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * per["p"].iloc[i]))
+        holm[i] = running
+    per["p_holm"] = holm
+    sig = per["p_holm"] < ALPHA
+    grpo_more, drmas_more = (sig & (per["grpo"] > per["drmas"])).any(), (sig & (per["drmas"] > per["grpo"])).any()
+    verdict = ("supported" if grpo_more and not drmas_more else "refuted" if drmas_more and not grpo_more
+               else "inconclusive")
+    return verdict, per
+
+
+# ------------------------------------------------------------------------------ accuracy over time
+def _task_curves(data: GridData, run: str) -> tuple[np.ndarray, np.ndarray]:
+    """(eval steps, per-step x per-task success share) of one run, steps sorted; one benchmark pooled."""
+    ev = data.evals[data.evals["run"] == run].sort_values(["step", "benchmark"])
+    steps = np.array(sorted(ev["step"].unique()))
+    rows = [np.concatenate([np.asarray(s, float) / k for s, k in zip(g["successes"], g["k"])])
+            for _, g in ev.groupby("step", sort=True)]
+    return steps, np.vstack(rows) if rows else np.zeros((0, 0))
+
+
+def accuracy_over_time(data: GridData, runs: pd.DataFrame, rng: np.random.Generator,
+                       n_boot: int = N_BOOT) -> pd.DataFrame:
+    """Per lr: Dr. MAS − GRPO of the area under the avg@k curve (trapezoid over the eval steps / their span:
+    a time-averaged avg@k) and of the last evaluation, paired by seed and task (analysis.stats.paired_test),
+    over the seeds whose two twins finished with the same eval steps."""
+    rows = []
+    for lr, cell in runs.groupby("lr"):
+        auc = {GRPO: [], DRMAS: []}
+        last = {GRPO: [], DRMAS: []}
+        seeds = []
+        for seed, pair in cell.groupby("seed"):
+            if set(pair["estimator"]) != {GRPO, DRMAS}:
+                continue
+            curves = {e: _task_curves(data, pair.loc[pair["estimator"] == e, "run"].iloc[0]) for e in (GRPO, DRMAS)}
+            (sg, cg), (sd, cd) = curves[GRPO], curves[DRMAS]
+            if len(sg) < 2 or not np.array_equal(sg, sd) or cg.shape != cd.shape:
+                continue
+            span = sg[-1] - sg[0]
+            for est, (st, c) in curves.items():
+                auc[est].append(np.trapezoid(c, st, axis=0) / span)
+                last[est].append(c[-1])
+            seeds.append(int(seed))
+        if not seeds:
+            continue
+        for name, values in (("auc", auc), ("last", last)):
+            res = paired_test(np.vstack(values[DRMAS]), np.vstack(values[GRPO]), rng, n_boot)
+            rows.append({"lr": lr, "measure": name, "seeds": len(seeds), "diff": res.diff.point,
+                         "low": res.diff.low, "high": res.diff.high, "p_wilcoxon": res.p_value,
+                         "drmas": float(np.mean(values[DRMAS])), "grpo": float(np.mean(values[GRPO]))})
+    return pd.DataFrame(rows, columns=["lr", "measure", "seeds", "diff", "low", "high", "p_wilcoxon", "drmas", "grpo"])
+
+
+# ------------------------------------------------------------------------------------------ the whole
+@dataclass
+class StabilityAnalysis:
+    """Every number of the stability verdicts, from one grid folder (and the pilot's, for the dial)."""
+
+    data: GridData | None
+    finished: int
+    total: int
+    runs: pd.DataFrame
+    collapses: pd.DataFrame
+    frontier: dict[str, float | None]
+    movers: pd.DataFrame
+    spikes: pd.DataFrame
+    spike_agents: pd.DataFrame
+    spike_verdict: str
+    accuracy: pd.DataFrame
+    pilot: pd.DataFrame
+    in_progress: pd.DataFrame
+    """runs not finished yet: steps so far and rule (g) on them so far (listed, never in a verdict)"""
+
+
+def analyze_stability(data: GridData | None, pilot: GridData | None = None, seed: int = 0,
+                      n_boot: int = N_BOOT) -> StabilityAnalysis:
+    pilot_table = pilot_summary(pilot) if pilot is not None else pd.DataFrame()
+    if data is None:
+        empty = pd.DataFrame()
+        return StabilityAnalysis(None, 0, 0, empty, empty, {}, empty, empty, empty, "not run", empty, pilot_table, empty)
+    runs = finished_runs(data)
+    finished, total = grid_status(data)
+    everything = run_table(data)
+    in_progress = everything[~_finished(data).to_numpy() & (everything["n_steps"] > 0)].reset_index(drop=True)
+    spikes = twin_spikes(data, runs) if len(runs) else pd.DataFrame(columns=["lr", "seed", "agent", "steps", "grpo", "drmas"])
+    verdict, per_agent = spike_verdict(spikes)
+    rng = np.random.default_rng(seed)
+    return StabilityAnalysis(
+        data=data, finished=finished, total=total, runs=runs,
+        collapses=collapse_counts(runs) if len(runs) else pd.DataFrame(), frontier=frontier(runs) if len(runs) else {},
+        movers=first_movers(data, runs) if len(runs) else pd.DataFrame(), spikes=spikes, spike_agents=per_agent,
+        spike_verdict=verdict, accuracy=accuracy_over_time(data, runs, rng, n_boot) if len(runs) else pd.DataFrame(),
+        pilot=pilot_table, in_progress=in_progress)
+
+
+# ------------------------------------------------------------------------------------------ claims
+RULE_B = ("per agent, GRPO steps that spike in their own history (3x the median of the previous 20) and are >= 2x "
+          "the Dr. MAS twin's norm (same lr, seed, step) vs the same count the other way, over seeds and lrs; "
+          "binomial test of G vs D, Holm over agents: supported if some agent G > D at p < 0.05, none D > G")
+RULE_G = ("a run collapses at the first non-finite norm or skipped step, or when its 10-step mean reward stays <= half "
+          "its running peak, or its 10-step mean Search calls per trajectory < 1/4 of steps 0-9, for 20 steps; "
+          "one-sided Fisher exact test per lr and pooled; frontier = largest lr with no collapsed seed")
+RULE_ACC = ("Dr. MAS - GRPO of the time-averaged avg@k (area under the curve / step span) and of the last "
+            "evaluation, paired by seed and task, 95 % bootstrap CI over tasks; a difference is called when the "
+            "CI excludes 0")
+
+
+def _status(an: StabilityAnalysis) -> str | None:
+    """'not run' / 'incomplete (n of N runs)' when the grid is absent or unfinished, else None."""
+    if an.data is None or an.total == 0:
+        return "not run"
+    if an.finished < an.total:
+        return f"incomplete ({an.finished} of {an.total} runs)"
+    return None
+
+
+def _lr(x: float | None) -> str:
+    return "none" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{x:g}"
+
+
+def judge_spikes(an: StabilityAnalysis) -> dict[str, str]:
+    claim = "(b) revisited: under GRPO per-agent grad norms spike far above Dr. MAS's at the same step"
+    paper = "GRPO's Search agent spikes to > 80 and NaN; Dr. MAS smooth (Figures 4, 6)"
+    status = _status(an)
+    if an.spike_agents.empty:
+        return {"claim": claim, "paper": paper, "ours": "no twin pairs finished", "verdict": status or "not run"}
+    parts = [f"{r.agent}: GRPO {r.grpo} vs Dr. MAS {r.drmas} (p_Holm {r.p_holm:.2g})" for r in an.spike_agents.itertuples()]
+    pairs = an.spikes.groupby(["lr", "seed"]).ngroups
+    verdict = an.spike_verdict if status is None else f"{status}; so far {an.spike_verdict}"
+    return {"claim": claim, "paper": paper, "ours": f"twin spikes over {pairs} twin pair(s): " + "; ".join(parts),
+            "verdict": verdict}
+
+
+def judge_collapse(an: StabilityAnalysis) -> dict[str, str]:
+    claim = "(g) collapse: GRPO runs collapse (the system stops calling the Search agent, NaN) where Dr. MAS's do not"
+    paper = "search, Qwen2.5-7B non-sharing: GRPO collapses (28.0 vs 43.8 avg@16)"
+    status = _status(an)
+    if an.collapses.empty:
+        return {"claim": claim, "paper": paper, "ours": "no run finished", "verdict": status or "not run"}
+    cells = [f"lr {_lr(r.lr)}: GRPO {r.grpo_collapsed}/{r.grpo_n}, Dr. MAS {r.drmas_collapsed}/{r.drmas_n} "
+             f"(Fisher p {r.fisher_p:.2g})" for r in an.collapses.itertuples() if not np.isnan(r.lr)]
+    pooled = an.collapses[an.collapses["lr"].isna()].iloc[0]
+    movers = an.movers["moved_first"].value_counts().to_dict() if len(an.movers) else {}
+    ours = ("; ".join(cells) + f"; pooled p {pooled.fisher_p:.2g}; frontier GRPO {_lr(an.frontier.get(GRPO))}, "
+            f"Dr. MAS {_lr(an.frontier.get(DRMAS))}; moved first: "
+            + (", ".join(f"{k} {v}" for k, v in movers.items()) or "no collapse"))
+    if status is not None:
+        verdict = status
+    elif pooled.fisher_p < ALPHA:
+        verdict = "reproduced"
+    else:
+        verdict = "not reproduced"
+    return {"claim": claim, "paper": paper, "ours": ours, "verdict": verdict}
+
+
+def judge_accuracy(an: StabilityAnalysis) -> dict[str, str]:
+    claim = "Accuracy over time: Dr. MAS above GRPO along the run (area under avg@k, last evaluation)"
+    paper = "search non-sharing: Dr. MAS above GRPO over training (Figure 8)"
+    status = _status(an)
+    if an.accuracy.empty:
+        return {"claim": claim, "paper": paper, "ours": "no twin pairs with evaluations", "verdict": status or "not run"}
+    parts = [f"lr {_lr(r.lr)} {r.measure} {100 * r.diff:+.1f} pts [{100 * r.low:+.1f}, {100 * r.high:+.1f}] "
+             f"({r.seeds} seeds)" for r in an.accuracy.itertuples()]
+    auc = an.accuracy[an.accuracy["measure"] == "auc"]
+    above = (auc["low"] > 0).sum()
+    below = (auc["high"] < 0).sum()
+    verdict = status or ("reproduced" if above and not below else "not reproduced" if below and not above
+                         else "no difference" if not above and not below else "mixed")
+    return {"claim": claim, "paper": paper, "ours": "; ".join(parts), "verdict": verdict}
+
+
+JUDGES = (("b-revisited", judge_spikes, RULE_B), ("g", judge_collapse, RULE_G), ("accuracy-over-time", judge_accuracy, RULE_ACC))
+"""(key, judge, rule) of the stability claims; analysis/report.py registers them as ClaimSpecs."""
+
+
+# ------------------------------------------------------------------------------------------ Figure 4
+def fig_gradnorm_over_steps(data: GridData, runs: pd.DataFrame, in_progress: pd.DataFrame | None = None):
+    """Figure-4 analogue: per-agent pre-clip grad norm over steps, GRPO (red) vs Dr. MAS (blue), seeds as thin
+    lines, one panel per agent (rows) x learning rate (columns); runs not finished yet (``in_progress``) dashed
+    and labelled so; None without runs."""
+    from analysis.figures import _figure
+
+    if in_progress is not None and len(in_progress):
+        runs = pd.concat([runs.assign(partial=False), in_progress.assign(partial=True)], ignore_index=True)
+    else:
+        runs = runs.assign(partial=False)
+    if runs.empty or data.agents.empty or "grad_norm" not in data.agents:
+        return None
+    ag = data.agents[data.agents["run"].isin(runs["run"])]
+    agents = list(dict.fromkeys(ag["agent"]))
+    lrs = sorted(runs["lr"].unique())
+    fig = _figure(3.6 * len(lrs), 2.6 * len(agents))
+    axes = fig.subplots(len(agents), len(lrs), squeeze=False)
+    colors = {GRPO: "tab:red", DRMAS: "tab:blue"}
+    for i, agent in enumerate(agents):
+        for j, lr in enumerate(lrs):
+            ax = axes[i][j]
+            for r in runs[runs["lr"] == lr].itertuples():
+                g = ag[(ag["run"] == r.run) & (ag["agent"] == agent)].sort_values("step")
+                y = g["grad_norm"].to_numpy(float)
+                label = f"{'GRPO' if r.estimator == GRPO else 'Dr. MAS'} s{r.seed}" + (" (in progress)" if r.partial else "")
+                ax.plot(g["step"], np.where(np.isfinite(y) & (y > 0), y, np.nan), "--" if r.partial else "-",
+                        color=colors.get(r.estimator, "k"), lw=0.6, alpha=0.8, label=label)
+                bad = ~np.isfinite(y)
+                if bad.any():
+                    ax.scatter(g["step"].to_numpy()[bad], np.full(bad.sum(), np.nanmax(np.where(bad, np.nan, y)) if (~bad).any() else 1.0),
+                               marker="^", color=colors.get(r.estimator, "k"), s=14)
+            ax.set_yscale("log")
+            ax.set_title(f"{agent}, lr {lr:g}", fontsize=8)
+            if i == len(agents) - 1:
+                ax.set_xlabel("RL step")
+            if j == 0:
+                ax.set_ylabel("pre-clip grad norm")
+            if i == 0 and j == 0:
+                ax.legend(fontsize=5)
+    fig.suptitle("Search system, non-sharing: per-agent pre-clip gradient norm, GRPO vs Dr. MAS (seeds thin; dashed: run "
+                 "in progress; ^ non-finite;\na zero norm, e.g. a group of equal scores, leaves a gap on the log scale)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------------------------------ writing
+def summary_markdown(an: StabilityAnalysis, runs_dir: Path) -> str:
+    lines = ["# Stability grid: collapse, twin spikes, accuracy over time", "",
+             f"Generated by `python -m analysis.stability --runs {runs_dir}`; rules in docs/stability.md.", "",
+             f"Runs finished: {an.finished} of {an.total}.", ""]
+    for key, judge, rule in JUDGES:
+        j = judge(an)
+        lines += [f"**{key}.** {j['claim']}. Paper: {j['paper']}. Ours: {j['ours']}. **{j['verdict']}**. Rule: {rule}.", ""]
+    for title, frame in (("Pilot (stress dial)", an.pilot), ("Runs", an.runs), ("Collapses", an.collapses),
+                         ("First movers (collapsed runs)", an.movers), ("Twin spikes per agent", an.spike_agents),
+                         ("Accuracy over time", an.accuracy),
+                         ("Runs in progress (steps so far; not in any verdict)", an.in_progress)):
+        if frame is not None and len(frame):
+            lines += [f"## {title}", "", markdown(frame, index=False), ""]
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(an: StabilityAnalysis, out: Path, figures: Path, runs_dir: Path) -> list[Path]:
+    from analysis.figures import save
+    from drmas.io import atomic_write_text
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "summary.md"]
+    atomic_write_text(paths[0], summary_markdown(an, runs_dir))
+    for name, frame in (("runs", an.runs), ("collapses", an.collapses), ("movers", an.movers),
+                        ("twin_spikes", an.spikes), ("accuracy", an.accuracy), ("pilot", an.pilot)):
+        if frame is not None and len(frame):
+            frame.to_csv(out / f"{name}.csv", index=False)
+            paths.append(out / f"{name}.csv")
+    if an.data is not None:
+        paths += save(fig_gradnorm_over_steps(an.data, an.runs, an.in_progress), figures,
+                      "stability_gradnorm_search_nonsharing")
+    return paths
+
+
+def load_optional(path: Path | None) -> GridData | None:
+    """The grid in ``path``, or None where it has no index.json yet (the grid was not run)."""
+    if path is None or not (Path(path) / "index.json").exists():
+        return None
+    return load_grid(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser("python -m analysis.stability", description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=Path, default=Path("results/runs/stability"))
+    p.add_argument("--pilot", type=Path, default=Path("results/runs/stability_pilot"))
+    p.add_argument("--out", type=Path, default=Path("results/stability"))
+    p.add_argument("--figures", type=Path, default=Path("paper_figures"))
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    an = analyze_stability(load_optional(args.runs), load_optional(args.pilot), seed=args.seed)
+    for path in write_outputs(an, args.out, args.figures, args.runs):
+        logger.info("wrote %s", path)
+    print((args.out / "summary.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
