@@ -298,7 +298,10 @@ def load_grid(path: str | Path) -> GridData:
     runs = pd.DataFrame(run_rows, columns=RUN_COLUMNS)
     runs["seed"] = pd.to_numeric(runs["seed"], errors="coerce").fillna(0).astype(int)
     runs["usable"] = runs["usable"].astype(bool)
-    for r in runs[~runs["usable"]].itertuples():
+    not_started = runs[~runs["usable"] & (runs["status"] == "todo") & runs["problem"].str.startswith("no run folder")]
+    if len(not_started):  # a grid in progress: not a data problem (the verdicts say "incomplete")
+        logger.info("%s: %d of %d run(s) not started yet", root, len(not_started), len(runs))
+    for r in runs[~runs["usable"] & ~runs.index.isin(not_started.index)].itertuples():
         problems.append(f"{r.run}: {r.problem}")
     if problems:
         logger.warning("%s: %d run(s) not usable: %s", root, len(problems), "; ".join(problems))

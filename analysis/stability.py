@@ -409,17 +409,23 @@ def _lr(x: float | None) -> str:
     return "none" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{x:g}"
 
 
+SHORT = {"b-revisited": "GRPO's spikes against its Dr. MAS twin", "g": "collapse under GRPO, not Dr. MAS",
+         "accuracy-over-time": "Dr. MAS - GRPO along the run"}
+"""The claims in a few words (the terminal summary)."""
+
+
 def judge_spikes(an: StabilityAnalysis) -> dict[str, str]:
     claim = "(b) revisited: under GRPO per-agent grad norms spike far above Dr. MAS's at the same step"
     paper = "GRPO's Search agent spikes to > 80 and NaN; Dr. MAS smooth (Figures 4, 6)"
     status = _status(an)
     if an.spike_agents.empty:
-        return {"claim": claim, "paper": paper, "ours": "no twin pairs finished", "verdict": status or "not run"}
+        return {"claim": claim, "paper": paper, "ours": "no twin pairs finished", "verdict": status or "not run", "short": SHORT["b-revisited"]}
     parts = [f"{r.agent}: GRPO {r.grpo} vs Dr. MAS {r.drmas} (p_Holm {r.p_holm:.2g})" for r in an.spike_agents.itertuples()]
     pairs = an.spikes.groupby(["lr", "seed"]).ngroups
     verdict = an.spike_verdict if status is None else f"{status}; so far {an.spike_verdict}"
     return {"claim": claim, "paper": paper, "ours": f"twin spikes over {pairs} twin pair(s): " + "; ".join(parts),
-            "verdict": verdict}
+            "verdict": verdict, "short": SHORT["b-revisited"],
+            "headline": ", ".join(f"{r.agent} GRPO {r.grpo} vs Dr. MAS {r.drmas}" for r in an.spike_agents.itertuples())}
 
 
 def judge_collapse(an: StabilityAnalysis) -> dict[str, str]:
@@ -427,7 +433,7 @@ def judge_collapse(an: StabilityAnalysis) -> dict[str, str]:
     paper = "search, Qwen2.5-7B non-sharing: GRPO collapses (28.0 vs 43.8 avg@16)"
     status = _status(an)
     if an.collapses.empty:
-        return {"claim": claim, "paper": paper, "ours": "no run finished", "verdict": status or "not run"}
+        return {"claim": claim, "paper": paper, "ours": "no run finished", "verdict": status or "not run", "short": SHORT["g"]}
     cells = [f"lr {_lr(r.lr)}: GRPO {r.grpo_collapsed}/{r.grpo_n}, Dr. MAS {r.drmas_collapsed}/{r.drmas_n} "
              f"(Fisher p {r.fisher_p:.2g})" for r in an.collapses.itertuples() if not np.isnan(r.lr)]
     pooled = an.collapses[an.collapses["lr"].isna()].iloc[0]
@@ -441,7 +447,9 @@ def judge_collapse(an: StabilityAnalysis) -> dict[str, str]:
         verdict = "reproduced"
     else:
         verdict = "not reproduced"
-    return {"claim": claim, "paper": paper, "ours": ours, "verdict": verdict}
+    return {"claim": claim, "paper": paper, "ours": ours, "verdict": verdict, "short": SHORT["g"],
+            "headline": f"collapsed GRPO {pooled.grpo_collapsed:.0f}/{pooled.grpo_n:.0f}, Dr. MAS {pooled.drmas_collapsed:.0f}/"
+                        f"{pooled.drmas_n:.0f}; frontier GRPO {_lr(an.frontier.get(GRPO))}, Dr. MAS {_lr(an.frontier.get(DRMAS))}"}
 
 
 def judge_accuracy(an: StabilityAnalysis) -> dict[str, str]:
@@ -449,7 +457,7 @@ def judge_accuracy(an: StabilityAnalysis) -> dict[str, str]:
     paper = "search non-sharing: Dr. MAS above GRPO over training (Figure 8)"
     status = _status(an)
     if an.accuracy.empty:
-        return {"claim": claim, "paper": paper, "ours": "no twin pairs with evaluations", "verdict": status or "not run"}
+        return {"claim": claim, "paper": paper, "ours": "no twin pairs with evaluations", "verdict": status or "not run", "short": SHORT["accuracy-over-time"]}
     parts = [f"lr {_lr(r.lr)} {r.measure} {100 * r.diff:+.1f} pts [{100 * r.low:+.1f}, {100 * r.high:+.1f}] "
              f"({r.seeds} seeds)" for r in an.accuracy.itertuples()]
     auc = an.accuracy[an.accuracy["measure"] == "auc"]
@@ -457,7 +465,8 @@ def judge_accuracy(an: StabilityAnalysis) -> dict[str, str]:
     below = (auc["high"] < 0).sum()
     verdict = status or ("reproduced" if above and not below else "not reproduced" if below and not above
                          else "no difference" if not above and not below else "mixed")
-    return {"claim": claim, "paper": paper, "ours": "; ".join(parts), "verdict": verdict}
+    return {"claim": claim, "paper": paper, "ours": "; ".join(parts), "verdict": verdict,
+            "short": SHORT["accuracy-over-time"]}
 
 
 JUDGES = (("b-revisited", judge_spikes, RULE_B), ("g", judge_collapse, RULE_G), ("accuracy-over-time", judge_accuracy, RULE_ACC))
