@@ -30,7 +30,10 @@ BASE = ROOT / "results" / "sft" / "math" / "base_tiny"
 STEPS = 3
 REL_TOL = 1e-5  # every shared metric (relative, with 1e-7 absolute for values near 0)
 AGENT_NORM_REL_TOL = 1e-3  # agent/<a>/grad_norm: the local worker's flat-vector measure (module docstring)
-LOCAL_ONLY = {"entropy", "approx_kl_old"}
+LOCAL_ONLY = {"entropy", "approx_kl_old", "control_prob", "control_prob_min"}
+"""Keys only the local worker logs: OpenRLHF's training step returns neither the entropy nor approx_kl_old, and
+the per-agent behaviour statistics (agent/{k}/entropy, control_prob, _min) are gathered in PolicyWorker.update's
+forward passes, which the OpenRLHF backend does not run (docs/gpu.md)."""
 
 
 def train(out_dir: Path, name: str, backend: str) -> list[dict]:
