@@ -8,7 +8,8 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 
 def parse_dataclass_args(cls: type, prog: str, description: str, argv: list[str] | None = None) -> Any:
-    """``cls(**parsed)``: a bool field is a flag, a field without default a required option."""
+    """``cls(**parsed)``: a bool field is a flag, a ``list[X]`` field takes any number of values, a field without
+    default a required option."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     hints = get_type_hints(cls)
     for name, hint in hints.items():  # Optional[X] fields parse as X (default None)
@@ -18,6 +19,10 @@ def parse_dataclass_args(cls: type, prog: str, description: str, argv: list[str]
         flag = "--" + f.name.replace("_", "-")
         if hints[f.name] is bool:
             parser.add_argument(flag, action="store_true", help=f.metadata["help"])
+        elif get_origin(hints[f.name]) is list:
+            default = f.default_factory() if f.default_factory is not MISSING else f.default
+            parser.add_argument(flag, type=get_args(hints[f.name])[0], nargs="*", default=default,
+                                help=f"{f.metadata['help']} (default: {default or 'none'})")
         elif f.default is MISSING:
             parser.add_argument(flag, type=hints[f.name], required=True, help=f.metadata["help"])
         else:

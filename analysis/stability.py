@@ -5,9 +5,12 @@ moved first in a collapsed run, spikes against the Dr. MAS twin (rule b revisite
 read off the pilot, and the Figure-4 analogue.
 
     python -m analysis.stability --runs results/runs/stability [--pilot results/runs/stability_pilot]
+    python -m analysis.stability --runs results/runs/stability_math --pilot results/runs/stability_math_pilot \
+        --out results/stability_math
 
-Inputs are :func:`analysis.runs.load_grid` frames; the learning rate of a run is its ``lr`` tag (the grid's
-index), its estimator the ``estimator`` tag.
+Inputs are :func:`analysis.runs.load_grid` frames; the learning rate of a run is its ``level`` tag (the grid's
+index), its estimator the ``estimator`` tag, its system (search or math) the ``task`` tag. The search grid's
+claims keep their short keys (b-revisited, g, accuracy-over-time); the math grid's are suffixed ``-math``.
 """
 from __future__ import annotations
 
@@ -38,6 +41,21 @@ ALPHA = 0.05
 PILOT_BASE_LR = 5.0e-5
 PILOT_LEVELS = tuple(PILOT_BASE_LR * 4 ** i for i in range(4))
 SEARCH_CALLS = "agent/search/calls_per_traj"
+TASKS = ("search", "math")
+"""The systems with a stability grid (experiments/grids/stability.yaml, stability_math.yaml)."""
+
+
+def task_of(data: GridData) -> str:
+    """The system of a stability grid: its runs' one ``task`` tag."""
+    tasks = sorted(set(data.runs["task"].dropna()))
+    if len(tasks) != 1 or tasks[0] not in TASKS:
+        raise ValueError(f"a stability grid holds one system of {TASKS}; its runs are tagged task={tasks}")
+    return tasks[0]
+
+
+def figure_stem(task: str) -> str:
+    """The Figure-4 analogue's file stem in paper_figures/."""
+    return f"stability_gradnorm_{task}_nonsharing"
 
 
 # ------------------------------------------------------------------------------------------ rule (g)
@@ -361,14 +379,20 @@ class StabilityAnalysis:
     pilot: pd.DataFrame
     in_progress: pd.DataFrame
     """runs not finished yet: steps so far and rule (g) on them so far (listed, never in a verdict)"""
+    task: str = "search"
+    """the system: search or math"""
 
 
 def analyze_stability(data: GridData | None, pilot: GridData | None = None, seed: int = 0,
-                      n_boot: int = N_BOOT) -> StabilityAnalysis:
+                      n_boot: int = N_BOOT, task: str = "search") -> StabilityAnalysis:
+    """Every verdict's numbers from one stability grid (None: not run; ``task`` names the system then; with a grid
+    it is the grid's own ``task`` tag)."""
     pilot_table = pilot_summary(pilot) if pilot is not None else pd.DataFrame()
     if data is None:
         empty = pd.DataFrame()
-        return StabilityAnalysis(None, 0, 0, empty, empty, {}, empty, empty, empty, "not run", empty, pilot_table, empty)
+        return StabilityAnalysis(None, 0, 0, empty, empty, {}, empty, empty, empty, "not run", empty, pilot_table, empty,
+                                 task=task)
+    task = task_of(data)
     runs = finished_runs(data)
     finished, total = grid_status(data)
     everything = run_table(data)
@@ -381,7 +405,7 @@ def analyze_stability(data: GridData | None, pilot: GridData | None = None, seed
         collapses=collapse_counts(runs) if len(runs) else pd.DataFrame(), frontier=frontier(runs) if len(runs) else {},
         movers=first_movers(data, runs) if len(runs) else pd.DataFrame(), spikes=spikes, spike_agents=per_agent,
         spike_verdict=verdict, accuracy=accuracy_over_time(data, runs, rng, n_boot) if len(runs) else pd.DataFrame(),
-        pilot=pilot_table, in_progress=in_progress)
+        pilot=pilot_table, in_progress=in_progress, task=task)
 
 
 # ------------------------------------------------------------------------------------------ claims
@@ -391,6 +415,9 @@ RULE_B = ("per agent, GRPO steps that spike in their own history (3x the median 
 RULE_G = ("a run collapses at the first non-finite norm or skipped step, or when its 10-step mean reward stays <= half "
           "its running peak, or its 10-step mean Search calls per trajectory < 1/4 of steps 0-9, for 20 steps; "
           "one-sided Fisher exact test per lr and pooled; frontier = largest lr with no collapsed seed")
+RULE_G_MATH = ("a run collapses at the first non-finite norm or skipped step, or when its 10-step mean reward stays <= "
+               "half its running peak for 20 steps (the loop calls both agents every round: no agent can be "
+               "abandoned); one-sided Fisher exact test per lr and pooled; frontier = largest lr with no collapsed seed")
 RULE_ACC = ("Dr. MAS - GRPO of the time-averaged avg@k (area under the curve / step span) and of the last "
             "evaluation, paired by seed and task, 95 % bootstrap CI over tasks; a difference is called when the "
             "CI excludes 0")
@@ -413,27 +440,45 @@ SHORT = {"b-revisited": "GRPO's spikes against its Dr. MAS twin", "g": "collapse
          "accuracy-over-time": "Dr. MAS - GRPO along the run"}
 """The claims in a few words (the terminal summary)."""
 
+PAPER = {
+    "search": {"b-revisited": "GRPO's Search agent spikes to > 80 and NaN; Dr. MAS smooth (Figures 4, 6)",
+               "g": "search, Qwen2.5-7B non-sharing: GRPO collapses (28.0 vs 43.8 avg@16)",
+               "accuracy-over-time": "search non-sharing: Dr. MAS above GRPO over training (Figure 8)"},
+    "math": {"b-revisited": "the paper's spike-and-NaN example is the search system; none is reported for math",
+             "g": "no collapse reported for math",
+             "accuracy-over-time": "math: Dr. MAS above GRPO at the end of training (Table 1, +5.6 avg)"},
+}
+"""The paper's expectation per system and claim."""
+
+
+def _system(an: StabilityAnalysis, claim: str, key: str) -> tuple[str, str, str]:
+    """(claim, paper, short) with the system named where it is not the search grid (whose keys are the short ones)."""
+    short = SHORT[key]
+    if an.task != "search":
+        claim, short = f"{claim} [{an.task} system]", f"{short} ({an.task})"
+    return claim, PAPER[an.task][key], short
+
 
 def judge_spikes(an: StabilityAnalysis) -> dict[str, str]:
-    claim = "(b) revisited: under GRPO per-agent grad norms spike far above Dr. MAS's at the same step"
-    paper = "GRPO's Search agent spikes to > 80 and NaN; Dr. MAS smooth (Figures 4, 6)"
+    claim, paper, short = _system(an, "(b) revisited: under GRPO per-agent grad norms spike far above Dr. MAS's at the "
+                                      "same step", "b-revisited")
     status = _status(an)
     if an.spike_agents.empty:
-        return {"claim": claim, "paper": paper, "ours": "no twin pairs finished", "verdict": status or "not run", "short": SHORT["b-revisited"]}
+        return {"claim": claim, "paper": paper, "ours": "no twin pairs finished", "verdict": status or "not run", "short": short}
     parts = [f"{r.agent}: GRPO {r.grpo} vs Dr. MAS {r.drmas} (p_Holm {r.p_holm:.2g})" for r in an.spike_agents.itertuples()]
     pairs = an.spikes.groupby(["lr", "seed"]).ngroups
     verdict = an.spike_verdict if status is None else f"{status}; so far {an.spike_verdict}"
     return {"claim": claim, "paper": paper, "ours": f"twin spikes over {pairs} twin pair(s): " + "; ".join(parts),
-            "verdict": verdict, "short": SHORT["b-revisited"],
+            "verdict": verdict, "short": short, "figures": (figure_stem(an.task),),
             "headline": ", ".join(f"{r.agent} GRPO {r.grpo} vs Dr. MAS {r.drmas}" for r in an.spike_agents.itertuples())}
 
 
 def judge_collapse(an: StabilityAnalysis) -> dict[str, str]:
-    claim = "(g) collapse: GRPO runs collapse (the system stops calling the Search agent, NaN) where Dr. MAS's do not"
-    paper = "search, Qwen2.5-7B non-sharing: GRPO collapses (28.0 vs 43.8 avg@16)"
+    what = "the system stops calling the Search agent, NaN" if an.task == "search" else "reward collapse, NaN"
+    claim, paper, short = _system(an, f"(g) collapse: GRPO runs collapse ({what}) where Dr. MAS's do not", "g")
     status = _status(an)
     if an.collapses.empty:
-        return {"claim": claim, "paper": paper, "ours": "no run finished", "verdict": status or "not run", "short": SHORT["g"]}
+        return {"claim": claim, "paper": paper, "ours": "no run finished", "verdict": status or "not run", "short": short}
     cells = [f"lr {_lr(r.lr)}: GRPO {r.grpo_collapsed}/{r.grpo_n}, Dr. MAS {r.drmas_collapsed}/{r.drmas_n} "
              f"(Fisher p {r.fisher_p:.2g})" for r in an.collapses.itertuples() if not np.isnan(r.lr)]
     pooled = an.collapses[an.collapses["lr"].isna()].iloc[0]
@@ -447,17 +492,17 @@ def judge_collapse(an: StabilityAnalysis) -> dict[str, str]:
         verdict = "reproduced"
     else:
         verdict = "not reproduced"
-    return {"claim": claim, "paper": paper, "ours": ours, "verdict": verdict, "short": SHORT["g"],
+    return {"claim": claim, "paper": paper, "ours": ours, "verdict": verdict, "short": short,
             "headline": f"collapsed GRPO {pooled.grpo_collapsed:.0f}/{pooled.grpo_n:.0f}, Dr. MAS {pooled.drmas_collapsed:.0f}/"
                         f"{pooled.drmas_n:.0f}; frontier GRPO {_lr(an.frontier.get(GRPO))}, Dr. MAS {_lr(an.frontier.get(DRMAS))}"}
 
 
 def judge_accuracy(an: StabilityAnalysis) -> dict[str, str]:
-    claim = "Accuracy over time: Dr. MAS above GRPO along the run (area under avg@k, last evaluation)"
-    paper = "search non-sharing: Dr. MAS above GRPO over training (Figure 8)"
+    claim, paper, short = _system(an, "Accuracy over time: Dr. MAS above GRPO along the run (area under avg@k, last "
+                                      "evaluation)", "accuracy-over-time")
     status = _status(an)
     if an.accuracy.empty:
-        return {"claim": claim, "paper": paper, "ours": "no twin pairs with evaluations", "verdict": status or "not run", "short": SHORT["accuracy-over-time"]}
+        return {"claim": claim, "paper": paper, "ours": "no twin pairs with evaluations", "verdict": status or "not run", "short": short}
     parts = [f"lr {_lr(r.lr)} {r.measure} {100 * r.diff:+.1f} pts [{100 * r.low:+.1f}, {100 * r.high:+.1f}] "
              f"({r.seeds} seeds)" for r in an.accuracy.itertuples()]
     auc = an.accuracy[an.accuracy["measure"] == "auc"]
@@ -465,12 +510,19 @@ def judge_accuracy(an: StabilityAnalysis) -> dict[str, str]:
     below = (auc["high"] < 0).sum()
     verdict = status or ("reproduced" if above and not below else "not reproduced" if below and not above
                          else "no difference" if not above and not below else "mixed")
-    return {"claim": claim, "paper": paper, "ours": "; ".join(parts), "verdict": verdict,
-            "short": SHORT["accuracy-over-time"]}
+    return {"claim": claim, "paper": paper, "ours": "; ".join(parts), "verdict": verdict, "short": short}
 
 
-JUDGES = (("b-revisited", judge_spikes, RULE_B), ("g", judge_collapse, RULE_G), ("accuracy-over-time", judge_accuracy, RULE_ACC))
-"""(key, judge, rule) of the stability claims; analysis/report.py registers them as ClaimSpecs."""
+def judges(task: str) -> tuple[tuple[str, object, str], ...]:
+    """(key, judge, rule) of one system's stability claims; analysis/report.py registers them as ClaimSpecs. The
+    search grid's keys are b-revisited, g, accuracy-over-time; another system's carry its name (g-math, ...)."""
+    suffix = "" if task == "search" else f"-{task}"
+    return ((f"b-revisited{suffix}", judge_spikes, RULE_B), (f"g{suffix}", judge_collapse, RULE_G if task == "search" else RULE_G_MATH),
+            (f"accuracy-over-time{suffix}", judge_accuracy, RULE_ACC))
+
+
+JUDGES = judges("search")
+"""The search grid's claims (the summary of ``python -m analysis.stability`` uses :func:`judges` of its grid)."""
 
 
 # ------------------------------------------------------------------------------------------ Figure 4
@@ -513,7 +565,8 @@ def fig_gradnorm_over_steps(data: GridData, runs: pd.DataFrame, in_progress: pd.
                 ax.set_ylabel("pre-clip grad norm")
             if i == 0 and j == 0:
                 ax.legend(fontsize=5)
-    fig.suptitle("Search system, non-sharing: per-agent pre-clip gradient norm, GRPO vs Dr. MAS (seeds thin; dashed: run "
+    task = task_of(data)
+    fig.suptitle(f"{task.capitalize()} system, non-sharing: per-agent pre-clip gradient norm, GRPO vs Dr. MAS (seeds thin; dashed: run "
                  "in progress; ^ non-finite;\na zero norm, e.g. a group of equal scores, leaves a gap on the log scale)", fontsize=9)
     fig.tight_layout()
     return fig
@@ -524,7 +577,7 @@ def summary_markdown(an: StabilityAnalysis, runs_dir: Path) -> str:
     lines = ["# Stability grid: collapse, twin spikes, accuracy over time", "",
              f"Generated by `python -m analysis.stability --runs {runs_dir}`; rules in docs/stability.md.", "",
              f"Runs finished: {an.finished} of {an.total}.", ""]
-    for key, judge, rule in JUDGES:
+    for key, judge, rule in judges(an.task):
         j = judge(an)
         lines += [f"**{key}.** {j['claim']}. Paper: {j['paper']}. Ours: {j['ours']}. **{j['verdict']}**. Rule: {rule}.", ""]
     for title, frame in (("Pilot (stress dial)", an.pilot), ("Runs", an.runs), ("Collapses", an.collapses),
@@ -549,8 +602,7 @@ def write_outputs(an: StabilityAnalysis, out: Path, figures: Path, runs_dir: Pat
             frame.to_csv(out / f"{name}.csv", index=False)
             paths.append(out / f"{name}.csv")
     if an.data is not None:
-        paths += save(fig_gradnorm_over_steps(an.data, an.runs, an.in_progress), figures,
-                      "stability_gradnorm_search_nonsharing")
+        paths += save(fig_gradnorm_over_steps(an.data, an.runs, an.in_progress), figures, figure_stem(an.task))
     return paths
 
 

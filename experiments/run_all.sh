@@ -4,8 +4,8 @@
 #                               [--jobs auto|N] [--device auto|cpu|cuda] [--stale error|rerun|keep] [--rebuild-bases]
 # Stages: bench, theory, train (at CPU scale first the mechanism sweep experiments/grids/mechanism.yaml, then the
 # grid experiments/grids/<scale>.yaml), analysis. Not in the default run, only when named in --only: stability (the
-# long-horizon stability grid, docs/stability.md: its GRPO pilot, then experiments/grids/stability.yaml, then
-# python -m analysis.stability; 2 x 3 x 3 runs of 150 steps, hours on 2 cores).
+# long-horizon stability grids, docs/stability.md: per system, search then math, its GRPO pilot, then
+# experiments/grids/stability{,_math}.yaml, then python -m analysis.stability; 2 x 3 x 3 runs of 150 steps each).
 # Sets up the environment itself (idempotent). Resumable: complete
 # runs are skipped, interrupted runs resume from their checkpoint. The SFT'd base checkpoints of the CPU grid are
 # shipped in results/sft/ (this scale's "pre-trained models"; results/sft/bases.json says how they were made).
@@ -118,13 +118,24 @@ if asked stability; then
     ${RUNS:+--only "$RUNS"}
   "$PY" -m analysis.stability --runs results/runs/stability --pilot results/runs/stability_pilot --out results/stability \
     --figures paper_figures
+  stage "stability, math: its GRPO pilot, then experiments/grids/stability_math.yaml (resumable), then its verdicts"
+  "$PY" -m experiments.grid run experiments/grids/stability_math_pilot.yaml --jobs "$JOBS" --device "$DEVICE" --stale "$STALE"
+  "$PY" -m experiments.grid run experiments/grids/stability_math.yaml --jobs "$JOBS" --device "$DEVICE" --stale "$STALE" \
+    ${RUNS:+--only "$RUNS"}
+  "$PY" -m analysis.stability --runs results/runs/stability_math --pilot results/runs/stability_math_pilot \
+    --out results/stability_math --figures paper_figures
 fi
 if want analysis; then
   stage "analysis: tables, figures, statistics and results/REPORT.md from $(out_dir "$GRID")"
   MECH_ARGS=()
   if [ "$SCALE" = cpu ] && [ -f "$(out_dir "$MECH")/index.json" ]; then MECH_ARGS=(--mechanism "$(out_dir "$MECH")"); fi
   STAB_ARGS=()
-  if [ "$SCALE" = cpu ] && [ -f results/runs/stability/index.json ]; then STAB_ARGS=(--stability results/runs/stability); fi
+  if [ "$SCALE" = cpu ]; then
+    for grid in results/runs/stability results/runs/stability_math; do
+      if [ -f "$grid/index.json" ]; then STAB_ARGS+=("$grid"); fi
+    done
+    if [ "${#STAB_ARGS[@]}" -gt 0 ]; then STAB_ARGS=(--stability "${STAB_ARGS[@]}"); fi
+  fi
   "$PY" -m analysis.report --runs "$(out_dir "$GRID")" --out results --figures paper_figures "${MECH_ARGS[@]}" "${STAB_ARGS[@]}" \
     > "$SUMMARY/claims.txt"
 fi

@@ -139,6 +139,42 @@ def test_figure(grid):
     data = load_grid(grid)
     fig = S.fig_gradnorm_over_steps(data, S.finished_runs(data))
     assert len(fig.axes) == 3 * len(LRS)
+    assert fig._suptitle.get_text().startswith("Search system")
+
+
+def test_math_grid(tmp_path):
+    """The math system: the reward clause fires (no Search calls to lose), the Solver's spikes are counted, the
+    claims carry the system's name, and the figure has a panel per (Solver, Verifier) x lr."""
+    data = load_grid(make_stability_grid(tmp_path / "math", task="math"))
+    an = S.analyze_stability(data, n_boot=100)
+    assert an.task == "math"
+    # reward in [0.30, 0.32) up to step 29, then 0.02: the running peak of the 10-step mean is in [0.30, 0.32).
+    # At step 34 the window holds 5 early values: mean >= (5 x 0.30 + 5 x 0.02) / 10 = 0.16 > 0.32 / 2; at step 35
+    # it holds 4: mean < (4 x 0.32 + 6 x 0.02) / 10 = 0.14 < 0.30 / 2, and it stays there for the 25 steps left
+    collapsed = an.runs[an.runs["collapsed"]]
+    assert set(collapsed["collapse_reason"]) == {"reward"} and set(collapsed["collapse_step"]) == {35}
+    assert set(collapsed["estimator"]) == {"trajectory_grpo"} and len(collapsed) == 3
+    assert set(an.movers["first_search_calls"].isna()) == {True}  # math has no Search calls: never moves
+    solver = an.spike_agents.set_index("agent").loc["solver"]
+    assert (solver.grpo, solver.drmas) == (6, 0)
+    keys = [k for k, _, _ in S.judges("math")]
+    assert keys == ["b-revisited-math", "g-math", "accuracy-over-time-math"]
+    g = dict((k, j(an)) for k, j, _ in S.judges("math"))["g-math"]
+    assert "[math system]" in g["claim"] and "Search" not in g["claim"] and g["paper"] == S.PAPER["math"]["g"]
+    fig = S.fig_gradnorm_over_steps(data, an.runs)
+    assert len(fig.axes) == 2 * len(LRS) and fig._suptitle.get_text().startswith("Math system")
+    assert S.figure_stem(an.task) == "stability_gradnorm_math_nonsharing"
+
+
+def test_report_takes_one_grid_per_system(grid, tmp_path):
+    from analysis.report import stability_by_task
+
+    math = load_grid(make_stability_grid(tmp_path / "math", seeds=(0,), task="math"))
+    both = stability_by_task([load_grid(grid), math], n_boot=50)
+    assert (both["search"].finished, both["math"].finished) == (12, 4)
+    assert stability_by_task([math], n_boot=50)["search"].data is None  # the search grid not given: "not run"
+    with pytest.raises(ValueError, match="two stability grids of the math system"):
+        stability_by_task([math, math], n_boot=50)
 
 
 # ------------------------------------------------------------------------------------ collapse metrics
