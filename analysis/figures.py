@@ -43,7 +43,8 @@ SMOOTH = 10  # rolling-mean window (steps) of the training curves
 COLORS = {"single_agent_grpo": "0.45", "sharing_grpo": "tab:orange", "sharing_drmas": "tab:cyan",
           "nonsharing_grpo": "tab:red", "nonsharing_drmas": "tab:blue", "hetero_drmas": "tab:green", "homogeneous_drmas": "tab:purple",
           "nonsharing:(mu_k,sigma)": "tab:purple", "nonsharing:(mu,sigma_k)": "tab:olive",
-          "nonsharing:pooled_step": "tab:brown"}
+          "nonsharing:pooled_step": "tab:brown", "nonsharing:agent_traj": "tab:pink", "nonsharing:traj_agent": "tab:gray",
+          "nonsharing:traj_traj": "tab:cyan"}
 SEED_STYLES = ("-", "--", ":", "-.")
 
 
@@ -179,7 +180,8 @@ def fig_training(data: GridData, task: str, settings: Sequence[str] = (*SETTINGS
 
 
 def fig_ablation(data: GridData, task: str, seeds: Sequence[int] | None = None) -> Figure | None:
-    settings = [v.ours for v in ABLATION]
+    ran = set(data.runs.loc[data.runs["task"] == task, "setting"])
+    settings = [v.ours for v in ABLATION if v.paper is not None or v.ours in ran]
     if not any(s in set(data.runs.loc[data.runs["task"] == task, "setting"]) for s in ABLATION_ONLY):
         return None
     fig = _figure(14, 3.6)

@@ -63,8 +63,14 @@ ABLATION = (
     Variant("drmas_std_only", "(mu,sigma_k)", "nonsharing:(mu,sigma_k)"),
     Variant("drmas", "(mu_k,sigma_k) = Dr. MAS", "nonsharing:(mu_k,sigma_k)=drmas"),
     Variant("pooled_grpo", "pooled step-level (mu,sigma)", None),
+    # the reference code's ablation branch (langfengQ/DrMAS@72d1dbc, docs/algorithms.md): the mean from one level,
+    # the std from another, both inside each (task, agent) group; none of them is a paper column
+    Variant("agent_traj", "official agent_traj (the branch's default)", None),
+    Variant("traj_agent", "official traj_agent", None),
+    Variant("traj_traj", "official traj_traj", None),
 )
-"""Table 3's rows in table order; look one up by estimator with :data:`VARIANT`, never by position."""
+"""Table 3's rows in table order; look one up by estimator with :data:`VARIANT`, never by position. A row not in
+the paper (``paper`` None) is left out of the tables where the grid did not run it."""
 VARIANT = {v.estimator: v for v in ABLATION}
 ABLATION_ONLY = tuple(v.ours for v in ABLATION if v.estimator not in ("trajectory_grpo", "drmas"))
 """Our setting tags of the variants that run only for the ablation (Tables 1-2 use GRPO and Dr. MAS)."""
@@ -311,14 +317,16 @@ def ablation_long(final: pd.DataFrame, paper: pd.DataFrame, task: str, rng: np.r
     """Table 3 rows (numeric): ours (Average over benchmarks, common seeds) with CI, paired Δ vs (mu,sigma),
     and the paper's value (Qwen2.5-7B, search non-sharing)."""
     seeds = ablation_seeds(final, task)
-    acc = accuracy_long(final, task, rng, n_boot, settings=[v.ours for v in ABLATION], seeds=seeds)
+    ran = set(final.loc[final["task"] == task, "setting"])
+    variants = [v for v in ABLATION if v.paper is not None or v.ours in ran]
+    acc = accuracy_long(final, task, rng, n_boot, settings=[v.ours for v in variants], seeds=seeds)
     base = VARIANT["trajectory_grpo"].ours
-    pairs = {v.ours: (v.ours, base) for v in ABLATION if v.ours != base}
+    pairs = {v.ours: (v.ours, base) for v in variants if v.ours != base}
     f = final[(final["task"] == task) & final["seed"].isin(seeds)]
     deltas = paired_long(f, task, pairs, rng, n_boot)
     p3 = paper[paper["table"] == "table3"].set_index("setting")
     rows = []
-    for v in ABLATION:
+    for v in variants:
         row = {"variant": v.label, "setting": v.ours, "n_seeds": len(seeds)}
         for m in METRICS:
             c = acc[(acc["setting"] == v.ours) & (acc["benchmark"] == "average") & (acc["metric"] == m)]

@@ -27,7 +27,7 @@ BENCHMARKS = {"math": ["d1-word", "d1-expr"], "search": ["kb-1hop", "kb-2hop"]}
 FACTOR = {"solver": 1.0, "verifier": 1.6, "search": 2.4, "answer": 4.0}  # Lemma factor of each agent (synthetic)
 QUALITY = {"single_agent_grpo": 0.30, "sharing_grpo": 0.35, "sharing_drmas": 0.60, "nonsharing_grpo": 0.35,
            "nonsharing_drmas": 0.62, "hetero_drmas": 0.60, "nonsharing:(mu_k,sigma)": 0.45,
-           "nonsharing:(mu,sigma_k)": 0.52, "nonsharing:pooled_step": 0.50}
+           "nonsharing:(mu,sigma_k)": 0.52, "nonsharing:pooled_step": 0.50, "nonsharing:agent_traj": 0.55}
 N_TASKS, K, STEPS = 40, 4, 30
 
 
@@ -314,6 +314,27 @@ def test_report_end_to_end(grid, tmp_path):
                  "reward_stats_search", "hetero_search"):
         for ext in ("png", "pdf"):
             assert (figs / f"{stem}.{ext}").stat().st_size > 0, (stem, ext)
+
+
+def test_official_ablation_rows_appear_only_where_run(tmp_path):
+    """The reference code's ablation estimators are Table 3 rows (with their paired difference to (mu,sigma)) where the
+    grid ran them, and absent where it did not; the paper's four rows are always there."""
+    from analysis.report import analyze, claim_ablation
+    from analysis.runs import load_grid
+
+    root = make_grid(tmp_path / "g", tasks=("search",), seeds=(0,))
+    without = analyze(load_grid(root), n_boot=50).ablation["search"]
+    assert "official agent_traj (the branch's default)" not in set(without["variant"]) and len(without) == 5
+    _write_run(root, "search_nonsharing_agent_traj_s0", "search", "nonsharing:agent_traj", "agent_traj", "nonsharing", 0)
+    index = json.loads((root / "index.json").read_text())
+    index["runs"].append({"run": "search_nonsharing_agent_traj_s0", "config": "x.yaml", "overrides": [], "task": "search",
+                          "setting": "nonsharing:agent_traj", "estimator": "agent_traj", "assignment": "nonsharing",
+                          "entry": "search_nonsharing_agent_traj", "seed": 0, "status": "done", "seconds": 60.0})
+    (root / "index.json").write_text(json.dumps(index))
+    an = analyze(load_grid(root), n_boot=50)
+    row = an.ablation["search"].set_index("variant").loc["official agent_traj (the branch's default)"]
+    assert row["d_avg"] > 0  # synthetic quality 0.55 against (mu,sigma)'s 0.35
+    assert "the reference code's ablation estimators (no paper column): agent_traj" in claim_ablation(an).ours
 
 
 def test_report_missing_runs_say_not_run(tmp_path):
