@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -269,6 +269,24 @@ def first_movers(data: GridData, runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def zero_reward_signal(data: GridData, runs: pd.DataFrame) -> pd.DataFrame:
+    """What still trains a run once no trajectory is rewarded (a finding, no verdict): per (estimator, lr), the
+    share of steps whose training reward is 0, and over those steps the mean advantage second moment per agent
+    (``agent/{k}/adv_m2``) and the mean step score. With every reward 0 the scores differ only by the invalid-action
+    penalty, and both estimators divide by a std: trajectory GRPO by the group's, Dr. MAS by each agent's, so a
+    penalty of 0.01 can become an advantage of order 1 (docs/stability.md)."""
+    if runs.empty or "adv_m2" not in data.agents:
+        return pd.DataFrame()
+    steps = data.steps[data.steps["run"].isin(runs["run"])].reindex(columns=["run", "step", "reward/mean", "score/mean"])
+    zero = steps[steps["reward/mean"] == 0]
+    ag = data.agents.merge(zero[["run", "step"]], on=["run", "step"])
+    per_run = pd.DataFrame({"zero_share": steps.groupby("run")["reward/mean"].apply(lambda r: float((r == 0).mean())),
+                            "score_at_zero": zero.groupby("run")["score/mean"].mean()})
+    m2 = ag.pivot_table(index="run", columns="agent", values="adv_m2", aggfunc="mean").add_prefix("adv_m2_")
+    per_run = per_run.join(m2).join(runs.set_index("run")[["estimator", "lr"]])
+    return per_run.groupby(["estimator", "lr"]).mean().reset_index()
+
+
 # ------------------------------------------------------------------------------- rule (b) revisited
 def twin_spikes(data: GridData, runs: pd.DataFrame) -> pd.DataFrame:
     """Per (lr, seed, agent) with both twins finished: GRPO's twin spikes (spike in its own history and
@@ -379,6 +397,8 @@ class StabilityAnalysis:
     pilot: pd.DataFrame
     in_progress: pd.DataFrame
     """runs not finished yet: steps so far and rule (g) on them so far (listed, never in a verdict)"""
+    zero_reward: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """:func:`zero_reward_signal` of the finished runs"""
     task: str = "search"
     """the system: search or math"""
 
@@ -405,7 +425,7 @@ def analyze_stability(data: GridData | None, pilot: GridData | None = None, seed
         collapses=collapse_counts(runs) if len(runs) else pd.DataFrame(), frontier=frontier(runs) if len(runs) else {},
         movers=first_movers(data, runs) if len(runs) else pd.DataFrame(), spikes=spikes, spike_agents=per_agent,
         spike_verdict=verdict, accuracy=accuracy_over_time(data, runs, rng, n_boot) if len(runs) else pd.DataFrame(),
-        pilot=pilot_table, in_progress=in_progress, task=task)
+        pilot=pilot_table, in_progress=in_progress, zero_reward=zero_reward_signal(data, runs), task=task)
 
 
 # ------------------------------------------------------------------------------------------ claims
@@ -583,6 +603,8 @@ def summary_markdown(an: StabilityAnalysis, runs_dir: Path) -> str:
     for title, frame in (("Pilot (stress dial)", an.pilot), ("Runs", an.runs), ("Collapses", an.collapses),
                          ("First movers (collapsed runs)", an.movers), ("Twin spikes per agent", an.spike_agents),
                          ("Accuracy over time", an.accuracy),
+                         ("Steps with zero training reward: share, and there the mean advantage second moment per agent "
+                          "and the mean step score (what the invalid-action penalty leaves to train on)", an.zero_reward),
                          ("Runs in progress (steps so far; not in any verdict)", an.in_progress)):
         if frame is not None and len(frame):
             lines += [f"## {title}", "", markdown(frame, index=False), ""]
@@ -596,7 +618,7 @@ def write_outputs(an: StabilityAnalysis, out: Path, figures: Path, runs_dir: Pat
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "summary.md"]
     atomic_write_text(paths[0], summary_markdown(an, runs_dir))
-    for name, frame in (("runs", an.runs), ("collapses", an.collapses), ("movers", an.movers),
+    for name, frame in (("runs", an.runs), ("collapses", an.collapses), ("movers", an.movers), ("zero_reward", an.zero_reward),
                         ("twin_spikes", an.spikes), ("accuracy", an.accuracy), ("pilot", an.pilot)):
         if frame is not None and len(frame):
             frame.to_csv(out / f"{name}.csv", index=False)

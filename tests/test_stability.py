@@ -253,3 +253,16 @@ def test_episodes_keep_every_step_info():
     episodes.act(np.array([0]), ["\\boxed{4}"])
     assert [i["correct"] for i in episodes.step_infos[0]] == [False, True]
     assert [i["correct"] for i in episodes.step_infos[1]] == [True]
+
+
+def test_zero_reward_signal():
+    """Steps whose training reward is 0: their share, and there the mean adv_m2 per agent and the mean score."""
+    from types import SimpleNamespace
+
+    steps = pd.DataFrame({"run": ["r"] * 4, "step": range(4), "reward/mean": [0, 0, 0.5, 0],
+                          "score/mean": [-0.01, 0.0, 0.5, -0.02]})
+    agents = pd.DataFrame({"run": ["r"] * 4, "step": range(4), "agent": ["x"] * 4, "adv_m2": [1.0, 3.0, 9.0, 5.0]})
+    runs = pd.DataFrame({"run": ["r"], "estimator": ["drmas"], "lr": [1e-4]})
+    got = S.zero_reward_signal(SimpleNamespace(steps=steps, agents=agents), runs).iloc[0]
+    assert got["zero_share"] == 0.75 and got["adv_m2_x"] == 3.0  # (1 + 3 + 5) / 3
+    assert got["score_at_zero"] == pytest.approx(-0.01)           # (-0.01 + 0 - 0.02) / 3
