@@ -222,7 +222,10 @@ def test_math_behavior_metrics():
 
 
 # ------------------------------------------------------------------------------------------ notebook
-def test_notebook_executes_on_a_fixture(grid):
+@pytest.mark.parametrize("task", ["search", "math"])
+def test_notebook_executes_on_a_fixture(task, grid, tmp_path):
+    """The notebook on a search and a math grid (its default agent, search, falls back to the math grid's first)."""
+    grid = grid if task == "search" else make_stability_grid(tmp_path / "math", task="math")
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     nb = nbformat.read(ROOT / "analysis/notebooks/stability.ipynb", as_version=4)
@@ -239,6 +242,7 @@ def test_notebook_executes_on_a_fixture(grid):
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     text = "".join(o.get("text", "") for o in outputs)
     assert f"grid: {grid}" in text and "12 runs" in text
+    assert (f"agent 'search' is not in this grid (math system: ['solver', 'verifier']); showing 'solver'" in text) == (task == "math")
     assert sum("image/png" in o.get("data", {}) for o in outputs) >= 3
 
 
