@@ -505,7 +505,7 @@ def judge_collapse(an: StabilityAnalysis) -> dict[str, str]:
     movers = an.movers["moved_first"].value_counts().to_dict() if len(an.movers) else {}
     ours = ("; ".join(cells) + f"; pooled p {pooled.fisher_p:.2g}; frontier GRPO {_lr(an.frontier.get(GRPO))}, "
             f"Dr. MAS {_lr(an.frontier.get(DRMAS))}; moved first: "
-            + (", ".join(f"{k} {v}" for k, v in movers.items()) or "no collapse"))
+            + (", ".join(f"{k} {v}" for k, v in movers.items()) or "no collapse") + _zero_reward_clause(an))
     if status is not None:
         verdict = status
     elif pooled.fisher_p < ALPHA:
@@ -515,6 +515,19 @@ def judge_collapse(an: StabilityAnalysis) -> dict[str, str]:
     return {"claim": claim, "paper": paper, "ours": ours, "verdict": verdict, "short": short,
             "headline": f"collapsed GRPO {pooled.grpo_collapsed:.0f}/{pooled.grpo_n:.0f}, Dr. MAS {pooled.drmas_collapsed:.0f}/"
                         f"{pooled.drmas_n:.0f}; frontier GRPO {_lr(an.frontier.get(GRPO))}, Dr. MAS {_lr(an.frontier.get(DRMAS))}"}
+
+
+def _zero_reward_clause(an: StabilityAnalysis) -> str:
+    """'; on steps with zero training reward, mean adv_m2 per agent GRPO ... vs Dr. MAS ...' (mean over the learning
+    rates with such steps), or '' without them."""
+    z = an.zero_reward
+    cols = [c for c in z.columns if c.startswith("adv_m2_")] if len(z) else []
+    if not cols or z["zero_share"].fillna(0).eq(0).all():
+        return ""
+    means = z[z["zero_share"] > 0].groupby("estimator")[cols].mean()
+    fmt = lambda est: "/".join(f"{means.loc[est, c]:.2f}" for c in cols) if est in means.index else "none"  # noqa: E731
+    return (f"; on steps with zero training reward the advantage second moment per agent ({'/'.join(c[7:] for c in cols)}) "
+            f"is GRPO {fmt(GRPO)} vs Dr. MAS {fmt(DRMAS)}: each divides the invalid-action penalty by a std")
 
 
 def judge_accuracy(an: StabilityAnalysis) -> dict[str, str]:

@@ -270,3 +270,15 @@ def test_zero_reward_signal():
     got = S.zero_reward_signal(SimpleNamespace(steps=steps, agents=agents), runs).iloc[0]
     assert got["zero_share"] == 0.75 and got["adv_m2_x"] == 3.0  # (1 + 3 + 5) / 3
     assert got["score_at_zero"] == pytest.approx(-0.01)           # (-0.01 + 0 - 0.02) / 3
+
+
+def test_zero_reward_clause_of_the_collapse_verdict():
+    from types import SimpleNamespace
+
+    z = pd.DataFrame({"estimator": ["trajectory_grpo", "trajectory_grpo", "drmas"], "lr": [1e-4, 2e-4, 1e-4],
+                      "zero_share": [0.5, 0.9, 0.0], "adv_m2_a": [1.0, 3.0, 9.0], "adv_m2_b": [0.5, 0.5, 9.0]})
+    text = S._zero_reward_clause(SimpleNamespace(zero_reward=z))
+    # GRPO: mean over its two levels (2.00, 0.50); Dr. MAS has no zero-reward step: none
+    assert "per agent (a/b) is GRPO 2.00/0.50 vs Dr. MAS none" in text
+    assert S._zero_reward_clause(SimpleNamespace(zero_reward=z.assign(zero_share=0.0))) == ""
+    assert S._zero_reward_clause(SimpleNamespace(zero_reward=pd.DataFrame())) == ""
