@@ -4,6 +4,7 @@ code's ``actor/{m}/...`` names."""
 from __future__ import annotations
 
 import json
+import re
 import struct
 import time
 from pathlib import Path
@@ -99,3 +100,17 @@ def test_loggers_config_names_registered_loggers():
     assert load_config(None, ["train.loggers=[jsonl, tensorboard, wandb]"]).train.loggers[-1] == "wandb"
     with pytest.raises(ConfigError, match="unknown logger 'mlflow'"):
         load_config(None, ["train.loggers=[mlflow]"])
+
+
+def test_a_resumed_run_continues_the_same_wandb_run(tmp_path, monkeypatch):
+    """Two sinks on one run folder (a run, then its resume) log to one W&B run id, kept in <run>/wandb/run_id."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for step in (0, 1):
+        sink = MetricsSink(tmp_path, ["wandb"], name="wb_resume")
+        sink.write_step(step, {"reward/mean": 0.5})
+        sink.close()
+    run_id = (tmp_path / "wandb" / "run_id").read_text().strip()
+    dirs = sorted(tmp_path.glob("wandb/offline-run-*"))
+    # offline-run-<date>_<time>-<id>, and "-1" after it when both started in the same second
+    assert len(dirs) == 2 and all(re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{run_id}(-\d+)?", d.name) for d in dirs), dirs

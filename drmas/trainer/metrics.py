@@ -65,6 +65,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import secrets
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -72,7 +73,7 @@ import numpy as np
 import pandas as pd
 
 from drmas.algos import SpikeDetector, class_factors, lemma_factors, step_classes
-from drmas.io import append_jsonl, read_jsonl_lines, write_jsonl
+from drmas.io import append_jsonl, atomic_write_text, read_jsonl_lines, write_jsonl
 from drmas.registry import Registry
 from drmas.orchestra.base import Orchestra
 from drmas.step_table import StepTable
@@ -266,14 +267,19 @@ class WandbLogger:
     """A Weights & Biases run in ``<run>/wandb`` (``pip install drmas[wandb]``): offline unless ``WANDB_MODE``
     says otherwise (``WANDB_MODE=online`` with ``wandb login``; ``wandb sync <run>/wandb/offline-run-*``
     uploads an offline run later). Project ``WANDB_PROJECT`` (default ``drmas``), run name = the config's
-    ``name`` (``run_name``). Logs drmas's keys and the reference code's ``actor/{m}/...`` names (:func:`reference_names`)."""
+    ``name`` (``run_name``). Logs drmas's keys and the reference code's ``actor/{m}/...`` names (:func:`reference_names`).
+    A resumed run continues the same W&B run: its id is kept in ``<run>/wandb/run_id`` (``resume="allow"``)."""
 
     def __init__(self, run_dir: Path, run_name: str = "", config: dict[str, Any] | None = None):
         import wandb
 
+        id_file = Path(run_dir) / "wandb" / "run_id"
+        run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)  # W&B ids: [a-z0-9]
+        id_file.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(id_file, run_id + "\n")
         self._run = wandb.init(project=os.environ.get("WANDB_PROJECT", "drmas"), name=run_name or None,
                                dir=str(run_dir), config=config or {}, mode=os.environ.get("WANDB_MODE", "offline"),
-                               reinit="create_new")
+                               id=run_id, resume="allow", reinit="create_new")
 
     def log_step(self, step: int, metrics: dict[str, Any]) -> None:
         self._run.log(_scalars({**metrics, **reference_names(metrics)}), step=step)
