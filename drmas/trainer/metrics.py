@@ -67,7 +67,7 @@ import math
 import os
 import secrets
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -75,9 +75,11 @@ import pandas as pd
 from drmas.algos import SpikeDetector, class_factors, lemma_factors, step_classes
 from drmas.io import append_jsonl, atomic_write_text, read_jsonl_lines, write_jsonl
 from drmas.registry import Registry
-from drmas.orchestra.base import Orchestra
 from drmas.step_table import StepTable
 from drmas.trainer.collect import Collected
+
+if TYPE_CHECKING:  # the type only: the metrics do not depend on the orchestras
+    from drmas.orchestra.base import Orchestra
 
 logger = logging.getLogger(__name__)
 
