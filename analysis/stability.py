@@ -256,13 +256,15 @@ def moved_first(steps: pd.DataFrame, agents: pd.DataFrame) -> dict[str, int | No
 
 
 def first_movers(data: GridData, runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per collapsed run: the first step of each signal and which moved first (ties joined by '+')."""
+    """One row per run: the first step of each signal and which moved first (ties joined by '+'); the runs that did
+    not collapse (``collapsed`` False) are the control: a signal that leaves its early range there too at the same
+    steps does not mark a collapse."""
     rows = []
-    for r in runs[runs["collapsed"]].itertuples():
+    for r in runs.itertuples():
         steps = moved_first(_steps_of(data, r.run), data.agents[data.agents["run"] == r.run])
         seen = {k: v for k, v in steps.items() if v is not None}
         earliest = min(seen.values()) if seen else None
-        rows.append({"run": r.run, "estimator": r.estimator, "lr": r.lr, "seed": r.seed,
+        rows.append({"run": r.run, "estimator": r.estimator, "lr": r.lr, "seed": r.seed, "collapsed": r.collapsed,
                      "collapse_step": r.collapse_step, "collapse_reason": r.collapse_reason,
                      **{f"first_{k}": v for k, v in steps.items()},
                      "moved_first": "+".join(k for k in SIGNALS if seen.get(k) == earliest) if seen else "never"})
@@ -502,10 +504,15 @@ def judge_collapse(an: StabilityAnalysis) -> dict[str, str]:
     cells = [f"lr {_lr(r.lr)}: GRPO {r.grpo_collapsed}/{r.grpo_n}, Dr. MAS {r.drmas_collapsed}/{r.drmas_n} "
              f"(Fisher p {r.fisher_p:.2g})" for r in an.collapses.itertuples() if not np.isnan(r.lr)]
     pooled = an.collapses[an.collapses["lr"].isna()].iloc[0]
-    movers = an.movers["moved_first"].value_counts().to_dict() if len(an.movers) else {}
+    collapsed = an.movers[an.movers["collapsed"]] if len(an.movers) else an.movers
+    stable = an.movers[~an.movers["collapsed"]] if len(an.movers) else an.movers
+    movers = collapsed["moved_first"].value_counts().to_dict() if len(collapsed) else {}
+    control = stable["moved_first"].value_counts().to_dict() if len(stable) else {}
     ours = ("; ".join(cells) + f"; pooled p {pooled.fisher_p:.2g}; frontier GRPO {_lr(an.frontier.get(GRPO))}, "
             f"Dr. MAS {_lr(an.frontier.get(DRMAS))}; moved first: "
-            + (", ".join(f"{k} {v}" for k, v in movers.items()) or "no collapse") + _zero_reward_clause(an))
+            + (", ".join(f"{k} {v}" for k, v in movers.items()) or "no collapse")
+            + (f" (in the runs that did not collapse, by the same rule: {', '.join(f'{k} {v}' for k, v in control.items())})"
+               if movers and control else "") + _zero_reward_clause(an))
     if status is not None:
         verdict = status
     elif pooled.fisher_p < ALPHA:
@@ -614,7 +621,7 @@ def summary_markdown(an: StabilityAnalysis, runs_dir: Path) -> str:
         j = judge(an)
         lines += [f"**{key}.** {j['claim']}. Paper: {j['paper']}. Ours: {j['ours']}. **{j['verdict']}**. Rule: {rule}.", ""]
     for title, frame in (("Pilot (stress dial)", an.pilot), ("Runs", an.runs), ("Collapses", an.collapses),
-                         ("First movers (collapsed runs)", an.movers), ("Twin spikes per agent", an.spike_agents),
+                         ("First movers (every run; the runs that did not collapse are the control)", an.movers), ("Twin spikes per agent", an.spike_agents),
                          ("Accuracy over time", an.accuracy),
                          ("Steps with zero training reward: share, and there the mean advantage second moment per agent "
                           "and the mean step score (what the invalid-action penalty leaves to train on)", an.zero_reward),

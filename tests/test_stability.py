@@ -107,8 +107,10 @@ def test_grid_verdicts(grid):
     assert an.spike_verdict == "inconclusive"  # 0.094 > 0.05
     # the Search agent's norm jumps at step 25 (10x its early median); the Verifier's control-token
     # probability and the Search calls move at step 30
-    assert set(an.movers["moved_first"]) == {"grad_norm"}
-    assert set(an.movers["first_control_prob"]) == set(an.movers["first_search_calls"]) == {30}
+    moved = an.movers[an.movers["collapsed"]]
+    assert set(moved["moved_first"]) == {"grad_norm"}
+    assert set(moved["first_control_prob"]) == set(moved["first_search_calls"]) == {30}
+    assert (~an.movers["collapsed"]).sum() == 9 and set(an.movers.loc[~an.movers["collapsed"], "moved_first"]) == {"never"}
     # a twin whose agent was not called at a step (no norm logged) is no reference: nothing counted there
     data = load_grid(grid)
     drmas_search = (data.agents["run"].str.startswith("stab_drmas") & (data.agents["agent"] == "search")
@@ -154,7 +156,7 @@ def test_math_grid(tmp_path):
     collapsed = an.runs[an.runs["collapsed"]]
     assert set(collapsed["collapse_reason"]) == {"reward"} and set(collapsed["collapse_step"]) == {35}
     assert set(collapsed["estimator"]) == {"trajectory_grpo"} and len(collapsed) == 3
-    assert set(an.movers["first_search_calls"].isna()) == {True}  # math has no Search calls: never moves
+    assert an.movers["first_search_calls"].isna().all()  # math has no Search calls: never moves
     solver = an.spike_agents.set_index("agent").loc["solver"]
     assert (solver.grpo, solver.drmas) == (6, 0)
     keys = [k for k, _, _ in S.judges("math")]
