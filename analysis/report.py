@@ -592,7 +592,8 @@ def claim_section(c: Claim, pngs: dict[str, Path], out: Path) -> list[str]:
 def summary_text(claims: list[Claim], report: Path) -> str:
     """What the terminal shows after the analysis: one line per claim (key, verdict, ours in one number)."""
     width = max(len(c.verdict) for c in claims) if claims else 0
-    rows = [f"  {c.key}  {c.verdict:<{width}}  {c.short}: {c.headline}" for c in claims]
+    key_width = max(len(c.key) for c in claims) if claims else 0
+    rows = [f"  {c.key:<{key_width}}  {c.verdict:<{width}}  {c.short}: {c.headline}" for c in claims]
     return "\n".join(["claims (verdict, ours in one number):", *rows, f"full report: {report}"])
 
 
