@@ -144,7 +144,7 @@ echo "==== [run_all] done ($(date +%H:%M:%S))"
 if [ -s "$SUMMARY/grids.txt" ]; then
   echo "runs:"; sed 's/^/  /' "$SUMMARY/grids.txt"
   if grep -q " 0 computed now" "$SUMMARY/grids.txt"; then
-    echo "  (committed runs are reused; to recompute them, ~47 min on 2 CPU cores: docs/experiments.md, \"What a fresh clone does\")"
+    echo "  (committed runs are reused; to recompute them, ~52 min on 2 CPU cores: docs/experiments.md, \"What a fresh clone does\")"
   fi
 fi
 if [ -s "$SUMMARY/runs.txt" ]; then  # e.g. "other outputs: bench reused, probe reused x4, theory reused"
