@@ -611,9 +611,10 @@ def write_report(runs: Path, out: Path = Path("results"), figures_dir: Path = Pa
                  mechanism: Path | None = None, stability_runs: Sequence[Path] = ()) -> tuple[Path, list[Claim]]:
     """:func:`make_report`, returning the judged claims too."""
     data = load_grid(runs)
-    stability_dirs = [Path(p) for p in stability_runs if (Path(p) / "index.json").exists()]  # a grid not run: "not run"
+    grids = {Path(p): stability.load_optional(p) for p in stability_runs}  # None: the grid was not run ("not run")
+    stability_dirs = [p for p, g in grids.items() if g is not None]
     an = analyze(data, seed=seed, n_boot=n_boot, mechanism=load_grid(mechanism) if mechanism else None,
-                 stability_grids=[load_grid(p) for p in stability_dirs])
+                 stability_grids=[grids[p] for p in stability_dirs])
     tables_dir = Path(out) / "tables"
     write_tables(an, tables_dir)
     fig_paths = []

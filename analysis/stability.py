@@ -481,12 +481,17 @@ def _system(an: StabilityAnalysis, claim: str, key: str) -> tuple[str, str, str]
     return claim, PAPER[an.task][key], short
 
 
+def _no_data(claim: str, paper: str, short: str, ours: str, status: str | None) -> dict[str, str]:
+    """A claim with nothing to judge yet: "not run", or the grid's status when it has runs but none that count."""
+    return {"claim": claim, "paper": paper, "ours": ours, "verdict": status or "not run", "short": short}
+
+
 def judge_spikes(an: StabilityAnalysis) -> dict[str, str]:
     claim, paper, short = _system(an, "(b) revisited: under GRPO per-agent grad norms spike far above Dr. MAS's at the "
                                       "same step", "b-revisited")
     status = _status(an)
     if an.spike_agents.empty:
-        return {"claim": claim, "paper": paper, "ours": "no twin pairs finished", "verdict": status or "not run", "short": short}
+        return _no_data(claim, paper, short, "no twin pairs finished", status)
     parts = [f"{r.agent}: GRPO {r.grpo} vs Dr. MAS {r.drmas} (p_Holm {r.p_holm:.2g})" for r in an.spike_agents.itertuples()]
     pairs = an.spikes.groupby(["lr", "seed"]).ngroups
     verdict = an.spike_verdict if status is None else f"{status}; so far {an.spike_verdict}"
@@ -500,7 +505,7 @@ def judge_collapse(an: StabilityAnalysis) -> dict[str, str]:
     claim, paper, short = _system(an, f"(g) collapse: GRPO runs collapse ({what}) where Dr. MAS's do not", "g")
     status = _status(an)
     if an.collapses.empty:
-        return {"claim": claim, "paper": paper, "ours": "no run finished", "verdict": status or "not run", "short": short}
+        return _no_data(claim, paper, short, "no run finished", status)
     cells = [f"lr {_lr(r.lr)}: GRPO {r.grpo_collapsed}/{r.grpo_n}, Dr. MAS {r.drmas_collapsed}/{r.drmas_n} "
              f"(Fisher p {r.fisher_p:.2g})" for r in an.collapses.itertuples() if not np.isnan(r.lr)]
     pooled = an.collapses[an.collapses["lr"].isna()].iloc[0]
@@ -533,7 +538,7 @@ def _zero_reward_clause(an: StabilityAnalysis) -> str:
         return ""
     means = z[z["zero_share"] > 0].groupby("estimator")[cols].mean()
     fmt = lambda est: "/".join(f"{means.loc[est, c]:.2f}" for c in cols) if est in means.index else "none"  # noqa: E731
-    return (f"; on steps with zero training reward the advantage second moment per agent ({'/'.join(c[7:] for c in cols)}) "
+    return (f"; on steps with zero training reward the advantage second moment per agent ({'/'.join(c.removeprefix('adv_m2_') for c in cols)}) "
             f"is GRPO {fmt(GRPO)} vs Dr. MAS {fmt(DRMAS)}: each divides the invalid-action penalty by a std")
 
 
@@ -542,7 +547,7 @@ def judge_accuracy(an: StabilityAnalysis) -> dict[str, str]:
                                       "evaluation)", "accuracy-over-time")
     status = _status(an)
     if an.accuracy.empty:
-        return {"claim": claim, "paper": paper, "ours": "no twin pairs with evaluations", "verdict": status or "not run", "short": short}
+        return _no_data(claim, paper, short, "no twin pairs with evaluations", status)
     parts = [f"lr {_lr(r.lr)} {r.measure} {100 * r.diff:+.1f} pts [{100 * r.low:+.1f}, {100 * r.high:+.1f}] "
              f"({r.seeds} seeds)" for r in an.accuracy.itertuples()]
     auc = an.accuracy[an.accuracy["measure"] == "auc"]

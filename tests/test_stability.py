@@ -4,7 +4,6 @@ The grid folders are synthetic (tests/stability_fixture.py): fixtures for the an
 each vector shows its arithmetic."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ from analysis.runs import load_grid
 from drmas.algos import control_positions
 from drmas.orchestra.systems import MathLoop, SearchHierarchy
 from drmas.step_table import StepTable
+from notebooks import execute_notebook
 from stability_fixture import LRS, make_stability_grid
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -225,24 +225,11 @@ def test_math_behavior_metrics():
 
 # ------------------------------------------------------------------------------------------ notebook
 @pytest.mark.parametrize("task", ["search", "math"])
-def test_notebook_executes_on_a_fixture(task, grid, tmp_path):
+def test_notebook_executes_on_a_fixture(task, grid, tmp_path, monkeypatch):
     """The notebook on a search and a math grid (its default agent, search, falls back to the math grid's first)."""
     grid = grid if task == "search" else make_stability_grid(tmp_path / "math", task="math")
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    nb = nbformat.read(ROOT / "analysis/notebooks/stability.ipynb", as_version=4)
-    before = os.environ.get("DRMAS_STABILITY_GRID")
-    os.environ["DRMAS_STABILITY_GRID"] = str(grid)  # inherited by the kernel process
-    try:
-        nbclient.NotebookClient(nb, kernel_name="python3", timeout=300,
-                                resources={"metadata": {"path": str(ROOT)}}).execute()
-    finally:
-        if before is None:
-            os.environ.pop("DRMAS_STABILITY_GRID")
-        else:
-            os.environ["DRMAS_STABILITY_GRID"] = before
-    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
-    text = "".join(o.get("text", "") for o in outputs)
+    monkeypatch.setenv("DRMAS_STABILITY_GRID", str(grid))  # inherited by the kernel process
+    text, outputs = execute_notebook(ROOT / "analysis/notebooks/stability.ipynb")
     assert f"grid: {grid}" in text and "12 runs" in text
     assert (f"agent 'search' is not in this grid (math system: ['solver', 'verifier']); showing 'solver'" in text) == (task == "math")
     assert sum("image/png" in o.get("data", {}) for o in outputs) >= 3

@@ -4,7 +4,6 @@ gradients, the CLI and the notebook."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from analysis.theory import REQUIRED_KEYS, SampleTable, lemma_terms
 from analysis.theory.lemma import batch_index, batch_weights, fit_line
 from analysis.theory.softmax import (AgentSpec, Policies, SoftmaxSystem, make_policies, population_terms,
                                      sample_groups, score_sq_norm, softmax_batch_grads, system_population)
+from notebooks import execute_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 ESTIMATORS = ("pooled_grpo", "trajectory_grpo", "drmas")
@@ -277,23 +277,9 @@ def test_cli_output_folders(argv, out, figures):
     assert (args.out_dir, args.figures_dir) == (Path(out), Path(figures))
 
 
-def test_notebook_executes_headless_in_quick_mode():
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    nb = nbformat.read(ROOT / "analysis/notebooks/gradient_variance.ipynb", as_version=4)
-    env_before = os.environ.get("DRMAS_THEORY_QUICK")
-    os.environ["DRMAS_THEORY_QUICK"] = "1"  # inherited by the kernel process
-    try:
-        # kernel "python3" resolves to the ipykernel of the interpreter running the tests (the venv's).
-        nbclient.NotebookClient(nb, kernel_name="python3", timeout=300,
-                                resources={"metadata": {"path": str(ROOT)}}).execute()
-    finally:
-        if env_before is None:
-            os.environ.pop("DRMAS_THEORY_QUICK")
-        else:
-            os.environ["DRMAS_THEORY_QUICK"] = env_before
-    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
-    text = "".join(o.get("text", "") for o in outputs)
+def test_notebook_executes_headless_in_quick_mode(monkeypatch):
+    monkeypatch.setenv("DRMAS_THEORY_QUICK", "1")  # inherited by the kernel process
+    text, outputs = execute_notebook(ROOT / "analysis/notebooks/gradient_variance.ipynb")
     assert f"prefix: {sys.prefix} " in text and "quick: True" in text  # the kernel ran in this environment
     assert "in-sample identity" in text
     assert sum("image/png" in o.get("data", {}) for o in outputs) >= 3  # the three figures
