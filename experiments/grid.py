@@ -230,11 +230,13 @@ def _in_repo(path: str | Path) -> Path:
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:
     """A run's config without what names its folder (``name``, ``out_dir``, the derived DeepSpeed dir),
     without ``train.device`` (a run is the same run on a CPU or a GPU, same grid, same result semantics, so a run
-    begun on one resumes on the other) and without ``train.loggers`` (where metrics are also sent)."""
+    begun on one resumes on the other), without ``train.loggers`` (where metrics are also sent) and without each
+    model's ``rollout.engine`` (``fast`` and ``hf`` draw the same samples; drmas/config/identity.py)."""
     config = {k: v for k, v in config.items() if k not in ("name", "out_dir")}
     config["train"] = {k: v for k, v in (config.get("train") or {}).items() if k not in ("device", "loggers")}
     config["models"] = {key: {**m, "resources": {k: v for k, v in (m.get("resources") or {}).items()
-                                                 if k != "checkpoint_dir"}}
+                                                 if k != "checkpoint_dir"},
+                              "rollout": {k: v for k, v in (m.get("rollout") or {}).items() if k != "engine"}}
                         for key, m in (config.get("models") or {}).items()}
     return config
 

@@ -5,7 +5,8 @@
 # Stages: bench, theory, train (at CPU scale first the mechanism sweep experiments/grids/mechanism.yaml, then the
 # grid experiments/grids/<scale>.yaml), analysis. Not in the default run, only when named in --only: stability (the
 # long-horizon stability grids, docs/stability.md: per system, search then math, its GRPO pilot, then
-# experiments/grids/stability{,_math}.yaml, then python -m analysis.stability; 2 x 3 x 3 runs of 150 steps each).
+# experiments/grids/stability{,_math}.yaml, then python -m analysis.stability; 2 x 3 x 3 runs of 150 steps each; then the
+# confirmatory round experiments/grids/stability_confirm.yaml, 48 runs of 200 steps).
 # Sets up the environment itself (idempotent). Resumable: complete
 # runs are skipped, interrupted runs resume from their checkpoint. The SFT'd base checkpoints of the CPU grid are
 # shipped in results/sft/ (this scale's "pre-trained models"; results/sft/bases.json says how they were made).
@@ -118,6 +119,9 @@ if asked stability; then
     ${RUNS:+--only "$RUNS"}
   "$PY" -m analysis.stability --runs results/runs/stability --pilot results/runs/stability_pilot --out results/stability \
     --figures paper_figures
+  stage "stability, confirmatory round: experiments/grids/stability_confirm.yaml (fresh seeds, rules in docs/stability.md; resumable)"
+  "$PY" -m experiments.grid run experiments/grids/stability_confirm.yaml --jobs "$JOBS" --device "$DEVICE" --stale "$STALE" \
+    ${RUNS:+--only "$RUNS"}
   stage "stability, math: its GRPO pilot, then experiments/grids/stability_math.yaml (resumable), then its verdicts"
   "$PY" -m experiments.grid run experiments/grids/stability_math_pilot.yaml --jobs "$JOBS" --device "$DEVICE" --stale "$STALE"
   "$PY" -m experiments.grid run experiments/grids/stability_math.yaml --jobs "$JOBS" --device "$DEVICE" --stale "$STALE" \

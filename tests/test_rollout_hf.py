@@ -41,7 +41,7 @@ def test_sampling_params_validation():
 
 def test_registry(tok):
     assert ENGINES["hf"] is HFRolloutEngine
-    with pytest.raises(ValueError, match=r"registered: \['hf'"):
+    with pytest.raises(ValueError, match=r"registered: \['fast', 'hf'"):
         make_engine("vllm-nope")
 
 

@@ -14,7 +14,11 @@ Not part of the identity (:data:`IGNORED`), because they do not change what a st
 - ``train.threads``: how fast; ``train.save_every``, ``train.keep_previous_checkpoint``: how often and how many
   checkpoints are written (a resumed step is a pure function of seed, step and checkpointed state);
 - ``train.loggers``: where the metrics are also sent (TensorBoard, W&B); ``metrics.jsonl`` is always written;
-- ``models.*.resources.checkpoint_dir``: derived from the run folder.
+- ``models.*.resources.checkpoint_dir``: derived from the run folder;
+- ``models.*.rollout.engine``: which loop draws the samples from the same policy. ``fast`` and ``hf`` draw the same
+  tokens from the same generator state (``tests/test_fast_rollout.py``), so a run made with one is the same run with
+  the other, and the grids committed with ``hf`` stay valid under the ``fast`` default (as a run is the same run on a
+  CPU or a GPU, whose float rounding differs as vLLM's does). ``config.yaml`` keeps the engine a run was made with.
 
 ``train.steps`` may grow: a finished or partial run continued to more steps keeps its records, which are the
 first steps of the longer run (:func:`config_changes` lists it only when it shrinks). Everything else that
@@ -41,7 +45,7 @@ logger = logging.getLogger(__name__)
 
 IGNORED = ("name", "out_dir", "train.device", "train.backend", "train.threads", "train.save_every", "train.keep_previous_checkpoint",
            "train.loggers", "train.max_tool_failure_rate", "train.verify_artifacts",
-           "models.*.resources.checkpoint_dir")
+           "models.*.resources.checkpoint_dir", "models.*.rollout.engine")
 """Dotted keys (``*``: any model key) that are not part of a run's identity (see the module docstring)."""
 GROWABLE = ("train.steps",)
 """Keys that may grow on an existing run folder (a run continued to more steps)."""

@@ -94,12 +94,14 @@ class OptimConfig(Strict):
 
 class RolloutEngineConfig(Strict):
     """How one worker group generates: its rollout engine (``drmas.rollout.ENGINES``). The local and ray
-    backends generate with transformers in the worker (``hf``); the openrlhf backend gives each worker
+    backends generate in the worker (``fast``, or ``hf``: transformers ``generate``); the openrlhf backend gives each worker
     group its own vLLM engine (``vllm``), refreshed once per RL step. Fields marked vLLM are read only
     by the ``vllm`` engine."""
 
-    engine: str = Field("hf", description="registered rollout engine: hf (CPU default; on the openrlhf backend drmas's "
-                        "engine in the driver, its CPU mode) or vllm (GPU, openrlhf backend)")
+    engine: str = Field("fast", description="registered rollout engine: fast (the CPU default: a fused decode loop for "
+                        "small Qwen2 models, drmas/rollout/fast.py; other models fall back to hf), hf (transformers "
+                        "generate, its reference; on the openrlhf backend both run in the driver, its CPU mode) or vllm "
+                        "(GPU, openrlhf backend)")
     tensor_parallel_size: PositiveInt = Field(1, description="vLLM: GPUs per engine replica (tensor parallelism); "
                                               "the group runs resources.num_gpus / tensor_parallel_size replicas")
     gpu_memory_utilization: Optional[float] = Field(

@@ -288,7 +288,7 @@ def prefix_cache(model: torch.nn.Module, prefix_ids: torch.Tensor, prefix_mask: 
     if position_ids is None:
         position_ids = positions_from_mask(prefix_mask)
     out = model.base_model(input_ids=prefix_ids, attention_mask=prefix_mask, position_ids=position_ids, use_cache=True)
-    cache = _output_cache(out)
+    cache = output_cache(out)
     return type(cache)(ddp_cache_data=[(layer.keys.index_select(0, index), layer.values.index_select(0, index))
                                        for layer in cache.layers])
 
@@ -299,6 +299,6 @@ def cache_argument(model: torch.nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def _output_cache(output: Any) -> Any:
+def output_cache(output: Any) -> Any:
     cache = output.get("cache") if hasattr(output, "get") else None
     return cache if cache is not None else output.past_key_values

@@ -38,6 +38,8 @@ agent/{k}/grad_norm                  pre-clip norm of agent k's contribution to 
 wg/{m}/grad_norm                     pre-clip gradient norm of model m (max over mini-batches); /spike
 wg/{m}/loss, clip_frac, entropy,     policy loss terms (mean over mini-batches); approx_kl_old = E[(r − 1) − log r]
   approx_kl_old, lr, skipped         skipped: optimizer steps skipped for a non-finite gradient
+wg/{m}/update_norm                   ||θ_after − θ_before|| of model m's optimizer step (mean over mini-batches; 0 when
+                                     skipped): how far the weights moved, after the clip and AdamW's normalisation
 timing/rollout, rewards, advantages,  seconds per phase; timing/step = their sum; timing/generate/{m}: generation
   update, step                       seconds per model
 tokens/{k}                           prompt + response tokens of agent k's calls (cost accounting)

@@ -69,11 +69,11 @@ def register_backend(name: str, target: str, capabilities: Capabilities) -> Back
 
 
 
-_IN_WORKER = Capabilities(engines=("hf",), generates_with="transformers in the worker", restart=True,
+_IN_WORKER = Capabilities(engines=("fast", "hf"), generates_with="drmas's engines in the worker", restart=True,
                           reference_model=True)
 register_backend("local", "drmas.workers.local:LocalBackend", _IN_WORKER)
 register_backend("ray", "drmas.workers.ray_backend:RayBackend", _IN_WORKER)
 register_backend("openrlhf", "drmas.workers.openrlhf.backend:OpenRLHFBackend", Capabilities(
-    engines=("vllm", "hf"), generates_with="vLLM (GPU) or transformers in the driver", restart=False,
+    engines=("vllm", "fast", "hf"), generates_with="vLLM (GPU) or drmas's engines in the driver", restart=False,
     reference_model=False, aggregations=("token_mean", "seq_mean_token_mean"), needs_checkpoint=True,
     one_temperature_per_model=True))

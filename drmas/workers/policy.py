@@ -77,6 +77,13 @@ class WorkerSpec:
     """``train.precision``: fp32 or bf16 (autocast of the forward passes)"""
 
 
+def _update_norm(params, before: list[torch.Tensor]) -> float:
+    """||theta_after - theta_before||_2 of one optimizer step: how far the weights moved, whatever the gradient's
+    scale (AdamW divides a constant one out; the clip bounds the gradient, not the step)."""
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.detach() - b)
+                                                       for p, b in zip(params, before)])))
+
+
 def _lr_lambda(warmup_steps: int):
     return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
@@ -99,7 +106,7 @@ class PolicyWorker:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(o.warmup_steps))
         r = spec.model.rollout  # prompt handling of real checkpoints (the tiny CPU models use the defaults)
-        self.engine = make_engine("hf", model=self.model, tokenizer=self.tokenizer, precision=spec.precision,
+        self.engine = make_engine(r.engine, model=self.model, tokenizer=self.tokenizer, precision=spec.precision,
                                   max_prompt_tokens=r.max_prompt_tokens, chat_template=r.chat_template,
                                   chat_template_kwargs=r.chat_template_kwargs, shared_prefix=spec.algo.shared_prefix)
         self.loss_cfg = PolicyLossConfig(clip_low=spec.algo.clip_low, clip_high=spec.algo.clip_high,
@@ -194,13 +201,16 @@ class PolicyWorker:
                     tracker.mark(str(mb.agent))
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), o.max_grad_norm))
             finite = math.isfinite(grad_norm)
+            update_norm = 0.0
             if finite:
+                before = [p.detach().clone() for p in self.model.parameters()]
                 self.optimizer.step()
+                update_norm = _update_norm(self.model.parameters(), before)
             else:
                 self.optimizer.zero_grad(set_to_none=True)
                 self.nonfinite_skips += 1
                 logger.warning("worker %s: non-finite gradient norm (%s); optimizer step skipped", self.spec.key, grad_norm)
-            per_step.append({**sums, "grad_norm": grad_norm, "skipped": float(not finite),
+            per_step.append({**sums, "grad_norm": grad_norm, "skipped": float(not finite), "update_norm": update_norm,
                              **{f"agent_grad_norm/{a}": v for a, v in tracker.norms.items()}})
         if any(not d["skipped"] for d in per_step):
             self.scheduler.step()  # the warm-up counts RL steps that updated the weights

@@ -265,13 +265,13 @@ class _Generator:
 
 
 def driver_engine(s: seam.GroupSettings) -> Any:
-    """The ``hf`` engine of worker group ``s`` in the driver process: the group's checkpoint in fp32, as the
+    """The ``fast`` or ``hf`` engine (``s.engine``) of worker group ``s`` in the driver process: the group's checkpoint in fp32, as the
     local backend's worker generates (its weights are replaced after every update)."""
     from drmas.models.factory import load_policy
 
     model, tokenizer = load_policy(s.path)
     model.eval().requires_grad_(False)
-    return make_engine("hf", model=model, tokenizer=tokenizer, max_prompt_tokens=s.max_prompt_tokens,
+    return make_engine(s.engine, model=model, tokenizer=tokenizer, max_prompt_tokens=s.max_prompt_tokens,
                        chat_template=s.chat_template, chat_template_kwargs=s.chat_template_kwargs)
 
 

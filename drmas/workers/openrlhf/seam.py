@@ -289,7 +289,7 @@ class GroupSettings:
     chat_template: bool
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     engine: str = "vllm"
-    """``rollout.engine``: vllm (OpenRLHF's vLLM actors, GPU) or hf (drmas's engine in the driver)."""
+    """``rollout.engine``: vllm (OpenRLHF's vLLM actors, GPU), or fast / hf (drmas's engines in the driver)."""
 
     @property
     def num_engines(self) -> int:
