@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,11 +82,9 @@ class Collapse:
     reason: str  # "non-finite", "reward", "search", or "" when it never fired
 
 
-def collapse_of(steps: pd.DataFrame, persist: int = PERSIST) -> Collapse:
-    """Rule (g) (docs/stability.md) on one run's step records (columns: ``step``, ``reward/mean``,
-    ``agent/search/calls_per_traj``, ``wg/*/grad_norm``, ``wg/*/skipped``): the earliest step at which a
-    non-finite norm / skipped update (the logged counts; a missing norm is no update), a sustained reward collapse or a sustained abandonment of search fires."""
-    s = steps.sort_values("step").set_index("step")
+def nonfinite_and_reward(s: pd.DataFrame, persist: int = PERSIST) -> dict[str, int]:
+    """Rule (g)'s first two clauses on one run's step records indexed by step: the step at which each fired
+    ("non-finite", "reward"), for those that did."""
     fired: dict[str, int] = {}
     # a worker group without rows in a step (an agent nobody called) logs no norm: that is no update, not a
     # non-finite one, so clause 1 reads the logged counts (train/nonfinite, wg/*/skipped), never a missing norm
@@ -97,6 +96,15 @@ def collapse_of(steps: pd.DataFrame, persist: int = PERSIST) -> Collapse:
     flag = (roll <= REWARD_DROP * roll.cummax()) & roll.notna()
     if (t := _first_sustained(flag, persist)) is not None:
         fired["reward"] = t
+    return fired
+
+
+def collapse_of(steps: pd.DataFrame, persist: int = PERSIST) -> Collapse:
+    """Rule (g) (docs/stability.md) on one run's step records (columns: ``step``, ``reward/mean``,
+    ``agent/search/calls_per_traj``, ``wg/*/grad_norm``, ``wg/*/skipped``): the earliest step at which a
+    non-finite norm / skipped update (the logged counts; a missing norm is no update), a sustained reward collapse or a sustained abandonment of search fires."""
+    s = steps.sort_values("step").set_index("step")
+    fired = nonfinite_and_reward(s, persist)
     if SEARCH_CALLS in s:
         calls = search_calls(s)
         early = calls.iloc[:EARLY].mean()
@@ -200,6 +208,21 @@ def collapse_counts(runs: pd.DataFrame) -> pd.DataFrame:
         rows.append({"lr": lr, "grpo_collapsed": cg, "grpo_n": ng, "drmas_collapsed": cd, "drmas_n": nd,
                      "fisher_p": p})
     return pd.DataFrame(rows)
+
+
+POWER_EFFECT = (0.8, 0.2)  # collapse rates GRPO vs Dr. MAS: "GRPO collapses, Dr. MAS is stable"
+POWER_NEEDED = 0.8
+
+
+def fisher_power(n_grpo: int, n_drmas: int, rates: tuple[float, float] = POWER_EFFECT, alpha: float = ALPHA) -> float:
+    """Exact power of the one-sided Fisher test with these arm sizes against collapse rates ``rates`` (GRPO,
+    Dr. MAS): the probability, summed over every outcome, that it finds p < ``alpha``."""
+    if not n_grpo or not n_drmas:
+        return 0.0
+    pg = sps.binom.pmf(np.arange(n_grpo + 1), n_grpo, rates[0])
+    pd_ = sps.binom.pmf(np.arange(n_drmas + 1), n_drmas, rates[1])
+    return float(sum(pg[a] * pd_[b] for a in range(n_grpo + 1) for b in range(n_drmas + 1)
+                     if sps.fisher_exact([[a, n_grpo - a], [b, n_drmas - b]], alternative="greater").pvalue < alpha))
 
 
 def frontier(runs: pd.DataFrame) -> dict[str, float | None]:
@@ -518,12 +541,15 @@ def judge_collapse(an: StabilityAnalysis) -> dict[str, str]:
             + (", ".join(f"{k} {v}" for k, v in movers.items()) or "no collapse")
             + (f" (in the runs that did not collapse, by the same rule: {', '.join(f'{k} {v}' for k, v in control.items())})"
                if movers and control else "") + _zero_reward_clause(an))
+    power = fisher_power(int(pooled.grpo_n), int(pooled.drmas_n))
+    ours += (f"; power of the pooled test against collapse rates {POWER_EFFECT[0]:g} vs {POWER_EFFECT[1]:g}: "
+             f"{power:.2f} (the floor and ceiling levels dilute it further)")
     if status is not None:
         verdict = status
     elif pooled.fisher_p < ALPHA:
         verdict = "reproduced"
-    else:
-        verdict = "not reproduced"
+    else:  # a test without the power to find the effect says nothing of its absence
+        verdict = "not reproduced" if power >= POWER_NEEDED else "inconclusive (underpowered)"
     return {"claim": claim, "paper": paper, "ours": ours, "verdict": verdict, "short": short,
             "headline": f"collapsed GRPO {pooled.grpo_collapsed:.0f}/{pooled.grpo_n:.0f}, Dr. MAS {pooled.drmas_collapsed:.0f}/"
                         f"{pooled.drmas_n:.0f}; frontier GRPO {_lr(an.frontier.get(GRPO))}, Dr. MAS {_lr(an.frontier.get(DRMAS))}"}
@@ -555,7 +581,10 @@ def judge_accuracy(an: StabilityAnalysis) -> dict[str, str]:
     below = (auc["high"] < 0).sum()
     verdict = status or ("reproduced" if above and not below else "not reproduced" if below and not above
                          else "no difference" if not above and not below else "mixed")
-    return {"claim": claim, "paper": paper, "ours": "; ".join(parts), "verdict": verdict, "short": short}
+    decided = (f"decided by the {len(auc)} area cells alone, each on its own 95 % CI with no correction across the "
+               "levels (exploratory; the last-evaluation cells are reported, not judged)")
+    return {"claim": claim, "paper": paper, "ours": "; ".join(parts) + "; " + decided, "verdict": verdict,
+            "short": short}
 
 
 def judges(task: str) -> tuple[tuple[str, object, str], ...]:
@@ -572,12 +601,17 @@ JUDGES = judges("search")
 
 # ------------------------------------------------------------------------------------------ Figure 4
 def fig_gradnorm_over_steps(data: GridData, runs: pd.DataFrame, in_progress: pd.DataFrame | None = None):
-    """Figure-4 analogue: per-agent pre-clip grad norm over steps, GRPO (red) vs Dr. MAS (blue), seeds as thin
-    lines, one panel per agent (rows) x learning rate (columns); runs not finished yet (``in_progress``) dashed
-    and labelled so; None without runs."""
+    """Figure-4 analogue: per-agent pre-clip grad norm over steps, one panel per agent (rows) x learning rate
+    (columns). Per estimator (GRPO red, Dr. MAS blue) the median over seeds, smoothed by a trailing rolling median
+    of ROLL steps, with a band from the seeds' 25th to 75th percentile (raw seed lines would overlap). Steps at which
+    an agent was not called (no norm logged) are drawn apart from non-finite norms: a grey tick at the panel's
+    bottom per seed ("not called") against a triangle at its top ("non-finite": a logged non-finite norm, flagged
+    as a spike). Runs not finished yet (``in_progress``) are drawn dashed, and only then does the legend say so.
+    None without runs."""
     from analysis.figures import _figure
 
-    if in_progress is not None and len(in_progress):
+    partial = in_progress is not None and len(in_progress) > 0
+    if partial:
         runs = pd.concat([runs.assign(partial=False), in_progress.assign(partial=True)], ignore_index=True)
     else:
         runs = runs.assign(partial=False)
@@ -589,31 +623,69 @@ def fig_gradnorm_over_steps(data: GridData, runs: pd.DataFrame, in_progress: pd.
     fig = _figure(3.6 * len(lrs), 2.6 * len(agents))
     axes = fig.subplots(len(agents), len(lrs), squeeze=False)
     colors = {GRPO: "tab:red", DRMAS: "tab:blue"}
+    names = {GRPO: "GRPO", DRMAS: "Dr. MAS"}
+    shown: set[str] = set()
+    steps_all = np.sort(data.steps.loc[data.steps["run"].isin(runs["run"]), "step"].unique())
     for i, agent in enumerate(agents):
         for j, lr in enumerate(lrs):
             ax = axes[i][j]
-            for r in runs[runs["lr"] == lr].itertuples():
-                g = ag[(ag["run"] == r.run) & (ag["agent"] == agent)].sort_values("step")
-                y = g["grad_norm"].to_numpy(float)
-                label = f"{'GRPO' if r.estimator == GRPO else 'Dr. MAS'} s{r.seed}" + (" (in progress)" if r.partial else "")
-                ax.plot(g["step"], np.where(np.isfinite(y) & (y > 0), y, np.nan), "--" if r.partial else "-",
-                        color=colors.get(r.estimator, "k"), lw=0.6, alpha=0.8, label=label)
-                bad = ~np.isfinite(y)
-                if bad.any():
-                    ax.scatter(g["step"].to_numpy()[bad], np.full(bad.sum(), np.nanmax(np.where(bad, np.nan, y)) if (~bad).any() else 1.0),
-                               marker="^", color=colors.get(r.estimator, "k"), s=14)
+            marks = []
+            for est, cell in runs[runs["lr"] == lr].groupby("estimator"):
+                wide = (ag[ag["run"].isin(cell["run"]) & (ag["agent"] == agent)]
+                        .pivot_table(index="step", columns="run", values="grad_norm", aggfunc="first", dropna=False)
+                        .reindex(index=steps_all))
+                spikes = (ag[ag["run"].isin(cell["run"]) & (ag["agent"] == agent)]
+                          .pivot_table(index="step", columns="run", values="spike", aggfunc="first")
+                          .reindex(index=steps_all, columns=wide.columns)) if "spike" in ag else None
+                y = wide.to_numpy(float)
+                nonfinite = ~np.isfinite(y) & (spikes.fillna(0).to_numpy(float) > 0 if spikes is not None else False)
+                positive = np.where(np.isfinite(y) & (y > 0), y, np.nan)
+                with np.errstate(all="ignore"), warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # a step at which no seed has a norm
+                    logs = np.log10(positive)
+                    mid = pd.Series(np.nanmedian(logs, axis=1), index=steps_all).rolling(ROLL, min_periods=1).median()
+                    lo = pd.Series(np.nanpercentile(logs, 25, axis=1), index=steps_all).rolling(ROLL, min_periods=1).median()
+                    hi = pd.Series(np.nanpercentile(logs, 75, axis=1), index=steps_all).rolling(ROLL, min_periods=1).median()
+                dashed = bool(cell["partial"].any())
+                label = f"{names.get(est, est)} (median of {len(cell)} seeds, band: 25-75 %)" + (
+                    ", dashed: runs in progress" if dashed else "")
+                ax.plot(steps_all, 10 ** mid, "--" if dashed else "-", color=colors.get(est, "k"), lw=1.0, label=label)
+                ax.fill_between(steps_all, 10 ** lo, 10 ** hi, color=colors.get(est, "k"), alpha=0.2, lw=0)
+                not_called = np.isnan(y) & ~nonfinite
+                marks.append((est, not_called, nonfinite))
             ax.set_yscale("log")
+            bottom, top = ax.get_ylim()
+            for k, (est, not_called, nonfinite) in enumerate(marks):
+                rows, cols = np.nonzero(not_called)
+                if len(rows):
+                    ax.scatter(steps_all[rows], np.full(len(rows), bottom * (1.15 + 0.25 * k)), marker="|", s=6,
+                               color=colors.get(est, "k"), alpha=0.35, lw=0.6)
+                    shown.add("not called")
+                rows, cols = np.nonzero(nonfinite)
+                if len(rows):
+                    ax.scatter(steps_all[rows], np.full(len(rows), top / (1.15 + 0.25 * k)), marker="^", s=14,
+                               color=colors.get(est, "k"))
+                    shown.add("non-finite")
+            ax.set_ylim(bottom, top)
             ax.set_title(f"{agent}, lr {lr:g}", fontsize=8)
             if i == len(agents) - 1:
                 ax.set_xlabel("RL step")
             if j == 0:
                 ax.set_ylabel("pre-clip grad norm")
-            if i == 0 and j == 0:
-                ax.legend(fontsize=5)
+    from matplotlib.lines import Line2D
+
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if "not called" in shown:
+        handles.append(Line2D([], [], marker="|", ls="", color="grey"))
+        labels.append("agent not called at that step (a tick per seed, at the bottom)")
+    if "non-finite" in shown:
+        handles.append(Line2D([], [], marker="^", ls="", color="grey"))
+        labels.append("non-finite norm (a logged spike, at the top)")
     task = task_of(data)
-    fig.suptitle(f"{task.capitalize()} system, non-sharing: per-agent pre-clip gradient norm, GRPO vs Dr. MAS (seeds thin; dashed: run "
-                 "in progress; ^ non-finite;\na zero norm, e.g. a group of equal scores, leaves a gap on the log scale)", fontsize=9)
-    fig.tight_layout()
+    fig.suptitle(f"{task.capitalize()} system, non-sharing: per-agent pre-clip gradient norm, GRPO vs Dr. MAS "
+                 f"(rolling median of {ROLL} steps over seeds)", fontsize=9)
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=6, frameon=False)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
 
 

@@ -139,6 +139,7 @@ if want analysis; then
       if [ -f "$grid/index.json" ]; then STAB_ARGS+=("$grid"); fi
     done
     if [ "${#STAB_ARGS[@]}" -gt 0 ]; then STAB_ARGS=(--stability "${STAB_ARGS[@]}"); fi
+    if [ -f results/runs/stability_confirm/index.json ]; then STAB_ARGS+=(--confirm results/runs/stability_confirm); fi
   fi
   "$PY" -m analysis.report --runs "$(out_dir "$GRID")" --out results --figures paper_figures "${MECH_ARGS[@]}" "${STAB_ARGS[@]}" \
     > "$SUMMARY/claims.txt"

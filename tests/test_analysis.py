@@ -485,10 +485,13 @@ def test_report_opens_with_a_verdict_table_then_one_section_per_claim(grid, tmp_
     claims = [*rep.build_claims(an), bare.evaluate(an)]
     figs = {"ablation_search": tmp_path / "figs" / "ablation_search.png"}
     text = rep.report_markdown(an, claims, tmp_path, tmp_path / "tables", list(figs.values()), grid)
-    table = text.split("\n\n")[2].splitlines()
-    assert table[0] == "| | claim | paper | ours | verdict |" and len(table) == 2 + len(claims)
+    assert "The *design* column says which test judged a claim" in text.split("\n\n")[2]
+    table = text.split("\n\n")[3].splitlines()
+    assert table[0] == "| | claim | design | paper | ours | verdict |" and len(table) == 2 + len(claims)
     assert all(len(row) < 400 for row in table), "verdict table cells must stay short"
-    assert "| z | [a new claim](#z-a-new-claim) | paper 1 | ours 2 (x; y) | **finding (no paper value)** |" in table
+    assert "| z | [a new claim](#z-a-new-claim) | main grid | paper 1 | ours 2 (x; y) | **finding (no paper value)** |" in table
+    designs = {row.split(" | ")[0].strip("| "): row.split(" | ")[2] for row in table[2:]}
+    assert designs["g"] == "exploratory" and designs["C1"] == "confirmatory" and designs["c"] == "main grid"
     section = text.split("## z a new claim")[1].split("\n## ")[0]
     assert "- **Rule.** a rule" in section and "  - ours 2 (x; y)\n  - z 3" in section
     d = text.split("## d ")[1].split("\n## ")[0]

@@ -124,8 +124,20 @@ def test_grid_verdicts(grid):
     # pooled over the two levels: GRPO 3/6 vs Dr. MAS 0/6, one-sided Fisher p = C(6,3) / C(12,3) = 20/220 > 0.05
     pooled = an.collapses[an.collapses["lr"].isna()].iloc[0]
     assert pooled.fisher_p == pytest.approx(20 / 220)
-    assert judged["g"]["verdict"] == "not reproduced"
+    # 6 runs per estimator have power 0.56 against collapse rates 0.8 vs 0.2: no difference found is no evidence
+    assert S.fisher_power(6, 6) == pytest.approx(0.56, abs=0.01)
+    assert judged["g"]["verdict"] == "inconclusive (underpowered)" and "power of the pooled test" in judged["g"]["ours"]
     assert "frontier GRPO 5e-05, Dr. MAS 0.0008" in judged["g"]["ours"]
+
+
+def test_fisher_power_equals_a_simulation():
+    rng = np.random.default_rng(0)
+    from scipy.stats import fisher_exact
+
+    hits = [fisher_exact([[g, 9 - g], [d, 9 - d]], alternative="greater").pvalue < 0.05
+            for g, d in zip(rng.binomial(9, 0.8, 4000), rng.binomial(9, 0.2, 4000))]
+    assert S.fisher_power(9, 9) == pytest.approx(np.mean(hits), abs=0.025)
+    assert S.fisher_power(3, 3) == 0.0  # 3 vs 3 can never reach p < 0.05 (best: 0.05)
 
 
 def test_incomplete_and_absent_grids(tmp_path):
