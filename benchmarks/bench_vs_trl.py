@@ -159,11 +159,13 @@ def main() -> None:
     checkpointing = args.trl_default_checkpointing
     drmas_times: Times = []
     trl_times: Times = []
+    round_medians: list[dict[str, Times]] = []
     with tempfile.TemporaryDirectory() as tmp:
         cfg = drmas_config(args.steps, Path(tmp))
         rows = step_prompts(cfg, args.steps)
         for r in range(args.rounds):
             order = ("drmas", "trl") if r % 2 == 0 else ("trl", "drmas")
+            round_medians.append({})
             for name in order:
                 if name == "drmas":
                     times = time_drmas(drmas_config(args.steps, Path(tmp) / f"r{r}"))
@@ -171,13 +173,16 @@ def main() -> None:
                 else:
                     times = time_trl(cfg, rows, Path(tmp) / f"trl{r}", checkpointing)
                     trl_times += times[1:]
+                round_medians[-1][name] = times[1:]
                 print(f"round {r + 1}/{args.rounds} {name:5s} median step: wall {median(times[1:], 0):.3f} s, "
                       f"CPU {median(times[1:], 1):.3f} s", flush=True)
     a = cfg.algo
     print(f"\ndrmas vs TRL {trl.__version__} GRPOTrainer, medians of {len(drmas_times)} and {len(trl_times)} steps:")
     for i, clock in enumerate(("wall", "CPU")):
         d, t = median(drmas_times, i), median(trl_times, i)
-        print(f"  {clock:4s} drmas {d:.3f} s/step, TRL {t:.3f} s/step: drmas is {t / d:.2f}x faster")
+        ratios = [median(m["trl"], i) / median(m["drmas"], i) for m in round_medians]
+        print(f"  {clock:4s} drmas {d:.3f} s/step, TRL {t:.3f} s/step: drmas is {t / d:.2f}x faster; per round "
+              f"{min(ratios):.2f} / {statistics.median(ratios):.2f} / {max(ratios):.2f}x (min / median / max)")
     print(f"settings: {cfg.train.batch_tasks} tasks x {cfg.train.group_size} samples, max_new_tokens "
           f"{cfg.agents[0].sampling.max_new_tokens}, T {cfg.agents[0].sampling.temperature}, lr "
           f"{cfg.effective_optim(next(iter(cfg.models))).lr}, clip [{a.clip_low}, {a.clip_high}], token-mean loss, "

@@ -1,5 +1,5 @@
 """End to end on the CPU: ``drmas train <math, non-sharing> train.backend=openrlhf`` for 3 RL steps with
-OpenRLHF's actors training (Ray, DeepSpeed ZeRO-2, fp32) and drmas's ``hf`` rollout engine in the driver
+OpenRLHF's actors training (Ray, DeepSpeed ZeRO-2, fp32) and drmas's rollout engine (``fast``, the default) in the driver
 receiving the new weights after every update, against the same command on the local backend.
 
 Rollouts are greedy (temperature 0) with one sample per task (``group_size=1``: greedy samples of one
@@ -30,10 +30,11 @@ BASE = ROOT / "results" / "sft" / "math" / "base_tiny"
 STEPS = 3
 REL_TOL = 1e-5  # every shared metric (relative, with 1e-7 absolute for values near 0)
 AGENT_NORM_REL_TOL = 1e-3  # agent/<a>/grad_norm: the local worker's flat-vector measure (module docstring)
-LOCAL_ONLY = {"entropy", "approx_kl_old", "control_prob", "control_prob_min"}
-"""Keys only the local worker logs: OpenRLHF's training step returns neither the entropy nor approx_kl_old, and
-the per-agent behaviour statistics (agent/{k}/entropy, control_prob, _min) are gathered in PolicyWorker.update's
-forward passes, which the OpenRLHF backend does not run (docs/gpu.md)."""
+LOCAL_ONLY = {"entropy", "approx_kl_old", "control_prob", "control_prob_min", "update_norm"}
+"""Keys only the local worker logs: OpenRLHF's training step returns neither the entropy nor approx_kl_old, nor how
+far its optimizer step moved the weights (wg/{m}/update_norm), and the per-agent behaviour statistics
+(agent/{k}/entropy, control_prob, _min) are gathered in PolicyWorker.update's forward passes, which the OpenRLHF
+backend does not run (docs/gpu.md)."""
 
 
 def train(out_dir: Path, name: str, backend: str) -> list[dict]:
