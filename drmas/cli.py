@@ -76,20 +76,37 @@ def _log_device(spec: str, precision: str) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    """Evaluate the checkpoint of the folder named on the command line, wherever that folder now lives (its
+    config's ``out_dir``/``name`` are replaced by the folder's own place); print the result and write it into the
+    folder as ``eval_cli_step<k>.json``. No checkpoint is an error unless ``--initial-models`` asks for the models
+    the run started from."""
+    from drmas.io import atomic_write_text
     from drmas.trainer.trainer import Trainer
 
-    cfg = load_config(Path(args.run_dir) / "config.yaml", args.overrides)
+    run_dir = Path(args.run_dir).resolve()
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"{args.run_dir} is not a run folder (no config.yaml); pass the folder `drmas train` wrote")
+    cfg = load_config(run_dir / "config.yaml", [f"out_dir={run_dir.parent}", f"name={run_dir.name}", *args.overrides])
     _log_device(cfg.train.device, cfg.train.precision)
     trainer = Trainer(cfg)
     try:
         trainer.source.check_tools()
         step = trainer.load_checkpoint()
+        if step == 0 and not args.initial_models:
+            finished = " although the run is finished (DONE)" if (run_dir / "DONE").exists() else ""
+            raise ConfigError(f"{args.run_dir} has no checkpoint{finished}; pass --initial-models to evaluate the "
+                              "models the run starts from")
         if step == 0:
-            print(f"drmas: {args.run_dir} has no checkpoint yet; evaluating the initial models", file=sys.stderr)
+            print(f"drmas: {args.run_dir} has no checkpoint; evaluating the initial models (--initial-models)",
+                  file=sys.stderr)
         records = trainer.evaluate(step, record=False)  # the run's eval.jsonl stays as training wrote it
     finally:
         trainer.close()
-    print(json.dumps({k: {m: v[m] for m in ("avg", "pass", "k", "n_tasks")} for k, v in records.items()}, indent=2))
+    result = {"run_dir": str(run_dir), "step": step, "initial_models": step == 0, "overrides": list(args.overrides),
+              "benchmarks": {k: {m: v[m] for m in ("avg", "pass", "k", "n_tasks")} for k, v in records.items()}}
+    text = json.dumps(result, indent=2)
+    atomic_write_text(run_dir / f"eval_cli_step{step}.json", text + "\n")
+    print(text)
     return 0
 
 
@@ -135,7 +152,7 @@ CONFIG`. Overrides change any field as key.sub=value, the value read as YAML:
   train.steps=5  algo.estimator=trajectory_grpo  algo.shared_prefix=off  name=my_run
   agents.solver.lr=1e-4   (list entries by `name` or by position: agents.0.lr=1e-4)
   models.shared.path=results/sft/math/base_tiny
-The run folder is out_dir/name (default results/runs/run); a bad config stops before any work, naming the key.
+The run folder is out_dir/name (default runs/run, git-ignored); a bad config stops before any work, naming the key.
 """
 
 
@@ -163,9 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="evaluate a run's latest checkpoint", formatter_class=raw,
                        description="Evaluate a run's latest checkpoint on its config's benchmarks (the run's "
                                    "eval.jsonl is left as training wrote it).\n\nexample:\n"
-                                   "  drmas eval results/runs/run train.eval_samples=16")
-    p.add_argument("run_dir", help="a run folder (holds config.yaml and checkpoints/)")
+                                   "  drmas eval runs/run train.eval_samples=16")
+    p.add_argument("run_dir", help="a run folder (holds config.yaml and checkpoints/); evaluated where it is now")
     p.add_argument("overrides", nargs="*", help="key.sub=value")
+    p.add_argument("--initial-models", action="store_true",
+                   help="a folder without a checkpoint: evaluate the models the run starts from (otherwise an error)")
     p.set_defaults(func=cmd_eval)
     p = sub.add_parser("config", help="show a config with its field descriptions, list the shipped ones")
     config_sub = p.add_subparsers(dest="config_command", required=True)

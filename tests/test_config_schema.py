@@ -68,3 +68,20 @@ def test_shared_prefix_on_off_as_override_and_in_a_file(tmp_path, word):
     assert load_config(path).algo.shared_prefix == word
     with pytest.raises(Exception, match="shared_prefix"):  # a real mistake is still refused, naming the key
         load_config(None, ["algo.shared_prefix=maybe"])
+
+
+def test_default_run_folder_is_git_ignored():
+    """A default ``drmas train`` writes under runs/ (and its W&B / TensorBoard output): never into the committed
+    results."""
+    import subprocess
+    from pathlib import Path
+
+    from drmas.config import load_config
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = load_config(root / "experiments" / "configs" / "cpu" / "math_base.yaml", [])
+    assert cfg.out_dir == "runs"
+    for path in (f"{cfg.out_dir}/{cfg.name}/metrics.jsonl", f"{cfg.out_dir}/{cfg.name}/tb/events.out", "wandb/run-1/x"):
+        out = subprocess.run(["git", "check-ignore", "-q", path], cwd=root)
+        assert out.returncode == 0, f"{path} is not git-ignored"
+    assert subprocess.run(["git", "check-ignore", "-q", "results/runs/cpu/index.json"], cwd=root).returncode == 1

@@ -321,8 +321,11 @@ def test_an_artifact_without_a_manifest_is_an_error_unless_the_user_opts_out(tmp
     code, err = _main(["eval", str(_eval_folder(tmp_path / "a", base))], capsys)
     assert code == 1 and f"models.verifier_model.path={base} has no manifest.sha256.json" in err[0]
     assert "train.verify_artifacts=false" in err[0]
-    code, err = _main(["eval", str(_eval_folder(tmp_path / "b", base, "train.verify_artifacts=false"))], capsys)
-    assert code == 0 and len(err) == 1 and "has no checkpoint yet; evaluating the initial models" in err[0]
+    folder = _eval_folder(tmp_path / "b", base, "train.verify_artifacts=false")
+    code, err = _main(["eval", str(folder)], capsys)  # no checkpoint: an error, unless asked for the initial models
+    assert code == 2 and len(err) == 1 and "has no checkpoint; pass --initial-models" in err[0]
+    code, err = _main(["eval", str(folder), "--initial-models"], capsys)
+    assert code == 0 and len(err) == 1 and "has no checkpoint; evaluating the initial models" in err[0]
 
 
 def test_a_damaged_tokenizer_folder_is_refused_before_the_sft_warm_up(tmp_path, capsys):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 
@@ -72,6 +73,14 @@ def test_training_run_writes_metrics_eval_manifest(warm):
     from drmas.cli import main  # `drmas eval RUN_DIR` re-evaluates the latest checkpoint
 
     assert main(["eval", str(cfg.run_dir)]) == 0
+    # `drmas eval DIR` evaluates DIR: a run folder moved elsewhere is evaluated from its own checkpoint
+    moved = cfg.run_dir.parent / "moved" / "run_copy"
+    shutil.copytree(cfg.run_dir, moved)
+    shutil.rmtree(cfg.run_dir / "checkpoints")  # the recorded out_dir/name no longer holds one
+    assert main(["eval", str(moved)]) == 0
+    result = json.loads((moved / "eval_cli_step2.json").read_text())
+    assert result["step"] == 2 and not result["initial_models"] and result["run_dir"] == str(moved.resolve())
+    assert main(["eval", str(cfg.run_dir)]) == 2  # a finished run without its checkpoint: an error, not step 0
 
 
 def test_resume_gives_the_same_metrics_as_an_uninterrupted_run(warm):

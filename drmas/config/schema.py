@@ -375,7 +375,8 @@ class SFTSection(Strict):
 
 class RunConfig(Strict):
     name: str = Field("run", description="run folder name under out_dir: one path component (no '/', not '..')")
-    out_dir: str = Field("results/runs", description="the run directory is out_dir/name")
+    out_dir: str = Field("runs", description="the run directory is out_dir/name; the default, runs/, is git-ignored, so a "
+                         "researcher's runs stay apart from the committed results (the grids write there themselves)")
 
     @field_validator("name")
     @classmethod

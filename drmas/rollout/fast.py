@@ -113,10 +113,12 @@ class FusedQwen2:
     def rope_table(self, length: int) -> torch.Tensor:
         """``[length, 2, QK]``: per position the cos and sin factors of every q and k column (q's scaled by
         ``head_dim ** -0.5``, the attention scale), from the model's own rotary module."""
-        positions = torch.arange(length)[None]
+        device = self.embed.device  # every tensor on the model's device (never the default one)
+        positions = torch.arange(length, device=device)[None]
         cos, sin = self.rotary(self.embed, positions)  # [1, length, d] each, as the model computes them
         h, kv = self.heads, self.kv_heads
-        scale = torch.cat([torch.full((h,), self.head_dim ** -0.5), torch.ones(kv)])[:, None]  # [h + kv, 1]
+        scale = torch.cat([torch.full((h,), self.head_dim ** -0.5, device=device),
+                           torch.ones(kv, device=device)])[:, None]  # [h + kv, 1]
         cos = (cos[0][:, None, :] * scale).reshape(length, -1)
         sin = (sin[0][:, None, :] * scale).reshape(length, -1)
         return torch.stack([cos, sin], dim=1)
@@ -187,13 +189,14 @@ class FastRolloutEngine(HFRolloutEngine):
         total = width + sampling.max_new_tokens
         input_ids, attention_mask = pad_rows(prompt_ids, width, self.pad_id, left=True, device=device)
         logits, keys, values = self._prefill(input_ids, attention_mask, prompt_ids, total)
-        bias = torch.zeros(len(prompt_ids), 1, 1, total)
+        rows = len(prompt_ids)
+        bias = torch.zeros(rows, 1, 1, total, device=device)
         bias[:, 0, 0, :width].masked_fill_(attention_mask == 0, -float("inf"))
         rope = fused.rope_table(total)
         positions = attention_mask.sum(1)  # the first response token's position in each row
-        stop_ids = torch.tensor(self.stop_ids)
-        unfinished = torch.ones(len(prompt_ids), dtype=torch.bool)
-        new_tokens = torch.full((len(prompt_ids), sampling.max_new_tokens), self.pad_id, dtype=torch.long)
+        stop_ids = torch.tensor(self.stop_ids, device=device)
+        unfinished = torch.ones(rows, dtype=torch.bool, device=device)
+        new_tokens = torch.full((rows, sampling.max_new_tokens), self.pad_id, dtype=torch.long, device=device)
         for i in range(sampling.max_new_tokens):
             if sampling.greedy:  # generate(do_sample=False): argmax of the raw logits, no warper
                 tokens = logits.argmax(-1)
