@@ -600,6 +600,14 @@ JUDGES = judges("search")
 
 
 # ------------------------------------------------------------------------------------------ Figure 4
+def norm_marks(norms: np.ndarray, spikes: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(not called, non-finite) masks of a (steps x seeds) array of one agent's logged pre-clip norms: a step with
+    no norm logged (NaN, no spike flag) is an agent not called; a non-finite norm flagged as a spike is non-finite."""
+    flagged = np.nan_to_num(spikes, nan=0.0) > 0 if spikes is not None else np.zeros(norms.shape, bool)
+    nonfinite = ~np.isfinite(norms) & flagged
+    return np.isnan(norms) & ~nonfinite, nonfinite
+
+
 def fig_gradnorm_over_steps(data: GridData, runs: pd.DataFrame, in_progress: pd.DataFrame | None = None):
     """Figure-4 analogue: per-agent pre-clip grad norm over steps, one panel per agent (rows) x learning rate
     (columns). Per estimator (GRPO red, Dr. MAS blue) the median over seeds, smoothed by a trailing rolling median
@@ -638,7 +646,7 @@ def fig_gradnorm_over_steps(data: GridData, runs: pd.DataFrame, in_progress: pd.
                           .pivot_table(index="step", columns="run", values="spike", aggfunc="first")
                           .reindex(index=steps_all, columns=wide.columns)) if "spike" in ag else None
                 y = wide.to_numpy(float)
-                nonfinite = ~np.isfinite(y) & (spikes.fillna(0).to_numpy(float) > 0 if spikes is not None else False)
+                not_called, nonfinite = norm_marks(y, spikes.to_numpy(float) if spikes is not None else None)
                 positive = np.where(np.isfinite(y) & (y > 0), y, np.nan)
                 with np.errstate(all="ignore"), warnings.catch_warnings():
                     warnings.simplefilter("ignore", RuntimeWarning)  # a step at which no seed has a norm
@@ -651,7 +659,6 @@ def fig_gradnorm_over_steps(data: GridData, runs: pd.DataFrame, in_progress: pd.
                     ", dashed: runs in progress" if dashed else "")
                 ax.plot(steps_all, 10 ** mid, "--" if dashed else "-", color=colors.get(est, "k"), lw=1.0, label=label)
                 ax.fill_between(steps_all, 10 ** lo, 10 ** hi, color=colors.get(est, "k"), alpha=0.2, lw=0)
-                not_called = np.isnan(y) & ~nonfinite
                 marks.append((est, not_called, nonfinite))
             ax.set_yscale("log")
             bottom, top = ax.get_ylim()

@@ -283,3 +283,11 @@ def test_zero_reward_clause_of_the_collapse_verdict():
     assert "per agent (a/b) is GRPO 2.00/0.50 vs Dr. MAS none" in text
     assert S._zero_reward_clause(SimpleNamespace(zero_reward=z.assign(zero_share=0.0))) == ""
     assert S._zero_reward_clause(SimpleNamespace(zero_reward=pd.DataFrame())) == ""
+
+
+def test_the_figure_tells_not_called_from_non_finite():
+    norms = np.array([[1.0, np.nan], [np.nan, np.inf], [np.nan, 2.0]])
+    spikes = np.array([[0, np.nan], [1, 1], [np.nan, 0]])  # a logged NaN norm is a spike; a missing one has no flag
+    not_called, nonfinite = S.norm_marks(norms, spikes)
+    assert not_called.tolist() == [[False, True], [False, False], [True, False]]
+    assert nonfinite.tolist() == [[False, False], [True, True], [False, False]]
