@@ -534,22 +534,22 @@ if __name__ == "__main__":
 NOT_RUN = "not run"
 PAPER_STABLE = "GRPO's per-agent gradient norms spike and the run can collapse; Dr. MAS trains stably (Sec. 5, Figs. 4, 6, 8)"
 CLAIMS = {
-    "C1": ("time to collapse: GRPO collapses sooner than Dr. MAS (confirmatory)",
+    "C1": ("time to collapse: GRPO collapses sooner than Dr. MAS",
            "stratified log-rank test over the 3 levels, one-sided, α = 0.05; Cox hazard ratio GRPO / Dr. MAS with 95 % CI; "
            "Kaplan-Meier medians; power 0.82 at HR = 3 with 6 seeds per cell (docs/stability.md C1)"),
-    "C2": ("abandonment of an agent: GRPO stops calling some agent more often (confirmatory)",
+    "C2": ("abandonment of an agent: GRPO stops calling some agent more often",
            "per run, any declared agent's calls per trajectory (10-step mean) below 1/4 of its early level for 20 "
            "steps; Cochran-Mantel-Haenszel over the levels, one-sided, α = 0.05 (docs/stability.md C2)"),
-    "C3": ("persistent elevation: GRPO's per-agent pre-clip norm above its Dr. MAS twin's (confirmatory)",
+    "C3": ("persistent elevation: GRPO's per-agent pre-clip norm above its Dr. MAS twin's",
            "per twin pair and agent, GRPO / Dr. MAS of the p95 norm over steps 0-39; sign test over pairs, Holm over "
            "agents, α = 0.05 (docs/stability.md C3)"),
-    "C4": ("stability frontier: Dr. MAS tolerates a higher learning rate (confirmatory)",
+    "C4": ("stability frontier: Dr. MAS tolerates a higher learning rate",
            "per estimator LR50 of a logistic fit of collapse on log2(lr), parametric bootstrap CI; reproduced when the "
            "CI of LR50(Dr. MAS) / LR50(GRPO) lies above 1 (docs/stability.md C4)"),
     "C5": ("the clip dial: without clipping, GRPO's larger norm becomes a larger update and an earlier collapse "
-           "(confirmatory, descriptive)", "update-norm ratio per twin pair with the clip on and off, log-rank in the "
+           "(descriptive)", "update-norm ratio per twin pair with the clip on and off, log-rank in the "
            "clip-off arm, Cox interaction estimator x clip; underpowered by design (docs/stability.md C5)"),
-    "accuracy-confirm": ("accuracy over time: Dr. MAS above GRPO (confirmatory)",
+    "accuracy-confirm": ("accuracy over time: Dr. MAS above GRPO",
                          "Dr. MAS − GRPO of the time-averaged avg@4 per main-arm level, paired bootstrap CI over tasks, "
                          "Wilcoxon over tasks, Holm over the 3 levels (docs/stability.md)"),
 }
