@@ -158,10 +158,10 @@ def time_to_collapse(events: pd.DataFrame) -> dict:
         coef = float(fit.params[0])
         low, high = fit.conf_int()[0]
         with np.errstate(over="ignore"):  # one arm without any collapse: the Cox fit diverges, HR -> inf or 0
-            hr, hr_low, hr_high = (float(np.exp(min(v, 700.0))) for v in (coef, low, high))
+            hr, hr_low, hr_high = (float(np.exp(np.clip(v, -50.0, 50.0))) for v in (coef, low, high))
         out.update(p=float(p_two / 2 if coef > 0 else 1 - p_two / 2), p_two_sided=float(p_two), hr=hr, hr_low=hr_low,
-                   hr_high=hr_high, hr_note="" if 0 < e[grpo == 1].sum() and 0 < e[grpo == 0].sum()
-                   else "no collapse in one arm: the Cox fit diverges (HR 0 or infinite)")
+                   hr_high=hr_high, hr_note="" if 0 < e[grpo == 1].sum() and 0 < e[grpo == 0].sum() and hr_high < 1e6
+                   else "the Cox fit diverges (no collapse in one arm, or too few runs): HR bounds clipped at e^±50")
     medians = []
     for (lr, est), g in [*(((lr, est), g) for (lr, est), g in events.groupby(["lr", "estimator"])),
                          *(((math.nan, est), g) for est, g in events.groupby("estimator"))]:
@@ -368,7 +368,7 @@ def clip_dial(data: GridData, events: pd.DataFrame) -> dict:
         try:
             fit = PHReg(level["time"].to_numpy(float), x, status=level["event"].to_numpy(int)).fit(disp=False)
             with np.errstate(over="ignore"):
-                hr, low, high = (float(np.exp(min(v, 700.0))) for v in (fit.params[2], *fit.conf_int()[2]))
+                hr, low, high = (float(np.exp(np.clip(v, -50.0, 50.0))) for v in (fit.params[2], *fit.conf_int()[2]))
             out["interaction"] = {"hr": hr, "low": low, "high": high, "p": float(fit.pvalues[2])}
         except (np.linalg.LinAlgError, ValueError) as exc:
             out["interaction"] = {"note": f"Cox fit failed: {exc}"}
@@ -463,8 +463,12 @@ def verdicts(an: Confirmation) -> dict[str, str]:
 
 
 def _fmt(x: float, digits: int = 2) -> str:
-    return "not reached" if x == math.inf else "—" if x is None or (isinstance(x, float) and math.isnan(x)) \
-        else f"{x:.{digits}g}" if abs(x) < 1e-2 else f"{x:.{digits}f}"
+    """A number for the summary: "not reached" for inf, "—" for none, 3 significant digits outside 0.01-10^4."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    if x == math.inf:
+        return "not reached"
+    return f"{x:.{max(digits, 3)}g}" if abs(x) < 1e-2 or abs(x) >= 1e4 else f"{x:.{digits}f}"
 
 
 def _shown(frame: pd.DataFrame) -> pd.DataFrame:
@@ -483,7 +487,8 @@ def summary_markdown(an: Confirmation, runs_dir: Path) -> str:
         c = an.c1
         lines += ["## C1 time to collapse", "",
                   f"Stratified log-rank, one-sided p = {_fmt(c.get('p', math.nan), 3)}; Cox hazard ratio GRPO / Dr. MAS "
-                  f"{_fmt(c.get('hr', math.nan))} [{_fmt(c.get('hr_low', math.nan))}, {_fmt(c.get('hr_high', math.nan))}]; "
+                  f"{_fmt(c.get('hr', math.nan))} [{_fmt(c.get('hr_low', math.nan))}, {_fmt(c.get('hr_high', math.nan))}]"
+                  + (f" ({c['hr_note']})" if c.get("hr_note") else "") + "; "
                   f"{c['events']} collapses in {c['runs']} runs. Power (planned): 0.82 at HR = 3.", "",
                   markdown(_shown(c["medians"]), index=False), ""]
     for title, frame in (("C2 abandonment of an agent (by the horizon)", an.c2),
