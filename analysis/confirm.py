@@ -457,8 +457,8 @@ def verdicts(an: Confirmation) -> dict[str, str]:
         auc = acc[acc["measure"] == "auc"]
         above = ((auc["p_holm"] < ALPHA) & (auc["low"] > 0)).any()
         below = ((auc["p_holm"] < ALPHA) & (auc["high"] < 0)).any()
-        out["accuracy"] = _incomplete(an, "reproduced" if above and not below else "refuted" if below and not above
-                                      else "no difference")
+        out["accuracy-confirm"] = _incomplete(an, "reproduced" if above and not below else "refuted" if below and
+                                              not above else "no difference")
     return out
 
 
@@ -604,8 +604,10 @@ def judge(an: Confirmation | None, key: str) -> dict[str, str]:
     """The :class:`analysis.report.Judged` fields of one confirmatory claim (``an`` None: the round not run)."""
     claim, _ = CLAIMS[key]
     if an is None or key not in an.verdicts:
-        state = "the confirmatory grid has not run" if an is None else f"{an.finished} of {an.total} runs finished"
-        return {"claim": claim, "paper": PAPER_STABLE, "ours": state, "verdict": NOT_RUN, "headline": state,
+        state = ("the confirmatory grid has not run" if an is None else
+                 f"{an.finished} of {an.total} runs finished, none that this claim reads")
+        verdict = NOT_RUN if an is None else f"incomplete ({an.finished} of {an.total} runs): no data yet"
+        return {"claim": claim, "paper": PAPER_STABLE, "ours": state, "verdict": verdict, "headline": state,
                 "paper_headline": "GRPO unstable, Dr. MAS stable"}
     ours, head = _ours(an, key)
     return {"claim": claim, "paper": PAPER_STABLE, "ours": ours, "verdict": an.verdicts[key], "headline": head,
