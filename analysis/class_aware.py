@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from analysis.claims import NOT_PRODUCED, NOT_REPRODUCED, NOT_RUN, REPRODUCED, Judged
 from analysis.mechanism import FACTOR_REGIME, MIN_POINTS, REFERENCE, mechanism_points
 from analysis.runs import GridData
 from analysis.stats import spearman
@@ -99,15 +100,15 @@ def judge_prediction(points: pd.DataFrame, prediction: str, factor: str, step0: 
     median = float(np.median(p["ratio"] / p[prediction])) if len(p) else np.nan
     largest = float(p[factor].max()) if len(p) else np.nan
     if len(p) < MIN_POINTS:
-        verdict, reason = "not run", f"{len(p)} finite points < {MIN_POINTS}"
+        verdict, reason = NOT_RUN, f"{len(p)} finite points < {MIN_POINTS}"
     elif not largest >= FACTOR_REGIME:
-        verdict, reason = "not produced", f"largest factor {largest:.2f} < {FACTOR_REGIME:g}"
+        verdict, reason = NOT_PRODUCED, f"largest factor {largest:.2f} < {FACTOR_REGIME:g}"
     elif not (np.isfinite(rho) and rho > 0 and pv < 0.05):
-        verdict, reason = "not reproduced", f"rho = {rho:.2f}, p = {pv:.2g}"
+        verdict, reason = NOT_REPRODUCED, f"rho = {rho:.2f}, p = {pv:.2g}"
     elif not CALIBRATION[0] <= median <= CALIBRATION[1]:
-        verdict, reason = "not reproduced", f"rank holds, scale off: median {median:.2f} outside {list(CALIBRATION)}"
+        verdict, reason = NOT_REPRODUCED, f"rank holds, scale off: median {median:.2f} outside {list(CALIBRATION)}"
     else:
-        verdict, reason = "reproduced", f"rho = {rho:.2f} > 0 with p = {pv:.2g}, median {median:.2f} in {list(CALIBRATION)}"
+        verdict, reason = REPRODUCED, f"rho = {rho:.2f} > 0 with p = {pv:.2g}, median {median:.2f} in {list(CALIBRATION)}"
     return PredictionFit(label, len(p), int((~finite).sum()), largest, rho, pv, rho0, pv0, median, verdict, reason)
 
 
@@ -118,11 +119,10 @@ def class_verdict(points: pd.DataFrame, baseline: str = "trajectory_grpo") -> tu
             judge_prediction(p, "pred_paper", "factor", "factor_step0", "paper's √F"))
 
 
-def claim_lemma_classes(an):
-    """Claim (a) by :data:`RULE` (a :class:`analysis.report.ClaimSpec` judge): the class-aware prediction and
-    the paper's, side by side, on the mechanism sweep points ``an.mechanism`` (:func:`class_points`)."""
-    from analysis.report import NOT_RUN, Judged
-
+def claim_lemma_classes(an) -> Judged:
+    """Claim (a) by :data:`RULE` (a :class:`analysis.claims.ClaimSpec` judge): the class-aware prediction and
+    the paper's, side by side, on the mechanism sweep points ``an.mechanism`` (:func:`class_points`) of the
+    report's :class:`analysis.report.Analysis` ``an``."""
     title = "Lemma 4.2 with repeated responses: the gradient-norm ratio predicted by the class-aware factor"
     paper = ("Lemma 4.2 treats each sample as its own gradient: ratio ≈ √F; identical (prompt, response) samples share "
              "one gradient, so their advantages add up first (not in the paper)")

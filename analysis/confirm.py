@@ -31,6 +31,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
+from analysis.claims import (CONFIRMATORY, DESCRIPTIVE, INCONCLUSIVE, NO_DIFFERENCE, NOT_RUN, REFUTED, REPRODUCED,
+                             UNDERPOWERED, Judged, incomplete, incomplete_so_far)
+from analysis.integrity import problem_lines
 from analysis.runs import GridData, load_grid
 from analysis.stability import (DRMAS, EARLY, GRPO, PERSIST, ROLL, SEARCH_DROP, _finished, _first_sustained,
                                 _steps_of, accuracy_over_time, nonfinite_and_reward)
@@ -418,7 +421,9 @@ def analyze(data: GridData, seed: int = 0, n_boot: int = N_BOOT) -> Confirmation
 
 
 def _incomplete(an: Confirmation, verdict: str) -> str:
-    return verdict if an.complete else f"incomplete ({an.finished} of {an.total} runs): {verdict} so far"
+    """``verdict``, marked incomplete (with the verdict so far) while the round has runs that do not count (not
+    started, unfinished, their folder gone, their records in conflict: :func:`analysis.stability.grid_status`)."""
+    return verdict if an.complete else incomplete_so_far(an.finished, an.total, verdict)
 
 
 def verdicts(an: Confirmation) -> dict[str, str]:
@@ -427,38 +432,38 @@ def verdicts(an: Confirmation) -> dict[str, str]:
     c1 = an.c1
     if c1 and np.isfinite(c1.get("p", math.nan)):
         if c1["p"] < ALPHA:
-            v = "reproduced"
+            v = REPRODUCED
         elif c1["hr"] < 1 and 1 - c1["p"] < ALPHA:
-            v = "refuted"
+            v = REFUTED
         elif c1["events"] < POWER_EVENTS * c1["runs"]:
-            v = "inconclusive (underpowered)"
+            v = UNDERPOWERED
         else:
-            v = "inconclusive"
+            v = INCONCLUSIVE
         out["C1"] = _incomplete(an, v)
     c2 = an.c2
     if len(c2):
         p = float(c2.loc[c2["agent"] == "any", "p"].iloc[0])
         row = c2[c2["agent"] == "any"].iloc[0]
-        v = ("reproduced" if p < ALPHA else "refuted" if row["drmas"] / row["drmas_n"] > row["grpo"] / row["grpo_n"]
-             and 1 - p < ALPHA else "inconclusive")
+        v = (REPRODUCED if p < ALPHA else REFUTED if row["drmas"] / row["drmas_n"] > row["grpo"] / row["grpo_n"]
+             and 1 - p < ALPHA else INCONCLUSIVE)
         out["C2"] = _incomplete(an, v)
     c3 = an.c3
     if len(c3):
         p95 = c3[c3["stat"] == "p95"]
         up, down = (p95["p_holm"] < ALPHA).any(), (p95["p_below_holm"] < ALPHA).any()
-        out["C3"] = _incomplete(an, "reproduced" if up and not down else "refuted" if down and not up else "inconclusive")
+        out["C3"] = _incomplete(an, REPRODUCED if up and not down else REFUTED if down and not up else INCONCLUSIVE)
     ratio = an.c4.attrs.get("ratio") if len(an.c4) else None
     if ratio:
-        out["C4"] = _incomplete(an, "reproduced" if ratio[1] > 1 else "refuted" if ratio[2] < 1 else "inconclusive")
+        out["C4"] = _incomplete(an, REPRODUCED if ratio[1] > 1 else REFUTED if ratio[2] < 1 else INCONCLUSIVE)
     if an.c5:
-        out["C5"] = _incomplete(an, "descriptive (underpowered by design)")
+        out["C5"] = _incomplete(an, DESCRIPTIVE)
     acc = an.accuracy
     if len(acc):
         auc = acc[acc["measure"] == "auc"]
         above = ((auc["p_holm"] < ALPHA) & (auc["low"] > 0)).any()
         below = ((auc["p_holm"] < ALPHA) & (auc["high"] < 0)).any()
-        out["accuracy-confirm"] = _incomplete(an, "reproduced" if above and not below else "refuted" if below and
-                                              not above else "no difference")
+        out["accuracy-confirm"] = _incomplete(an, REPRODUCED if above and not below else REFUTED if below and
+                                              not above else NO_DIFFERENCE)
     return out
 
 
@@ -510,6 +515,8 @@ def summary_markdown(an: Confirmation, runs_dir: Path) -> str:
         if "interaction" in an.c5:
             lines += [f"Estimator x clip interaction (Cox): {an.c5['interaction']}", ""]
     lines += ["## Runs", "", markdown(an.events.drop(columns=["agents", "git_commit"]), index=False), ""]
+    if problems := problem_lines(an.data):
+        lines += ["## Data problems", "", *(f"- {item}" for item in problems), ""]
     return "\n".join(lines)
 
 
@@ -522,7 +529,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.runs.is_dir():
         logger.error("drmas: %s is not a grid folder (run experiments/grids/stability_confirm.yaml first)", args.runs)
         return 2
-    an = analyze(load_grid(args.runs))
+    try:
+        an = analyze(load_grid(args.runs))
+    except (FileNotFoundError, ValueError) as exc:
+        logger.error("drmas: %s; nothing was written", exc)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.md").write_text(summary_markdown(an, args.runs))
     an.events.to_csv(args.out / "events.csv", index=False)
@@ -536,8 +547,8 @@ if __name__ == "__main__":
 
 
 # ------------------------------------------------------------------------------------------ REPORT.md
-NOT_RUN = "not run"
 PAPER_STABLE = "GRPO's per-agent gradient norms spike and the run can collapse; Dr. MAS trains stably (Sec. 5, Figs. 4, 6, 8)"
+PAPER_STABLE_HEADLINE = "GRPO unstable, Dr. MAS stable"
 CLAIMS = {
     "C1": ("time to collapse: GRPO collapses sooner than Dr. MAS",
            "stratified log-rank test over the 3 levels, one-sided, α = 0.05; Cox hazard ratio GRPO / Dr. MAS with 95 % CI; "
@@ -600,18 +611,18 @@ def _ours(an: Confirmation, key: str) -> tuple[str, str]:
     return per, f"{100 * auc['diff'].min():+.1f} to {100 * auc['diff'].max():+.1f} pts"
 
 
-def judge(an: Confirmation | None, key: str) -> dict[str, str]:
-    """The :class:`analysis.report.Judged` fields of one confirmatory claim (``an`` None: the round not run)."""
+def judge(an: Confirmation | None, key: str) -> Judged:
+    """One confirmatory claim judged (``an`` None: the round not run)."""
     claim, _ = CLAIMS[key]
     if an is None or key not in an.verdicts:
         state = ("the confirmatory grid has not run" if an is None else
                  f"{an.finished} of {an.total} runs finished, none that this claim reads")
-        verdict = NOT_RUN if an is None else f"incomplete ({an.finished} of {an.total} runs): no data yet"
-        return {"claim": claim, "paper": PAPER_STABLE, "ours": state, "verdict": verdict, "headline": state,
-                "paper_headline": "GRPO unstable, Dr. MAS stable"}
+        verdict = NOT_RUN if an is None else f"{incomplete(an.finished, an.total)}: no data yet"
+        return Judged(claim, PAPER_STABLE, state, verdict, headline=state, paper_headline=PAPER_STABLE_HEADLINE,
+                      design=CONFIRMATORY)
     ours, head = _ours(an, key)
-    return {"claim": claim, "paper": PAPER_STABLE, "ours": ours, "verdict": an.verdicts[key], "headline": head,
-            "paper_headline": "GRPO unstable, Dr. MAS stable", "figures": ("stability_gradnorm_search_confirm",)}
+    return Judged(claim, PAPER_STABLE, ours, an.verdicts[key], headline=head, paper_headline=PAPER_STABLE_HEADLINE,
+                  figures=("stability_gradnorm_search_confirm",), design=CONFIRMATORY)
 
 
 def load_optional(path: Path | None) -> Confirmation | None:

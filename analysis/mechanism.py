@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from analysis.claims import NOT_PRODUCED, NOT_REPRODUCED, NOT_RUN, REPRODUCED
 from analysis.runs import GridData
 from analysis.stats import spearman
 
@@ -115,13 +116,13 @@ def mechanism_verdict(points: pd.DataFrame, baseline: str = "trajectory_grpo") -
     fmax = float(p["factor"].max()) if len(p) else np.nan
     fit = float(np.median(p["ratio"] / np.sqrt(p["factor"].clip(lower=1e-12)))) if len(p) else np.nan
     if len(p) < MIN_POINTS:
-        verdict, reason = "not run", f"{len(p)} points < {MIN_POINTS}"
+        verdict, reason = NOT_RUN, f"{len(p)} points < {MIN_POINTS}"
     elif not fmax >= FACTOR_REGIME:
-        verdict, reason = "not produced", f"largest mean factor {fmax:.2f} < {FACTOR_REGIME:g}: no heterogeneity to test"
+        verdict, reason = NOT_PRODUCED, f"largest mean factor {fmax:.2f} < {FACTOR_REGIME:g}: no heterogeneity to test"
     elif np.isfinite(rho) and rho > 0 and pv < 0.05:
-        verdict, reason = "reproduced", f"rho = {rho:.2f} > 0 with p = {pv:.2g} < 0.05"
+        verdict, reason = REPRODUCED, f"rho = {rho:.2f} > 0 with p = {pv:.2g} < 0.05"
     else:
-        verdict, reason = "not reproduced", f"rho = {rho:.2f}, p = {pv:.2g}"
+        verdict, reason = NOT_REPRODUCED, f"rho = {rho:.2f}, p = {pv:.2g}"
     per_agent = {agent: (len(g), *spearman(g["factor"], g["ratio"])) for agent, g in p.groupby("agent")}
     return MechanismVerdict(baseline, len(p), sorted(p["level"].unique().tolist()), sorted(p["seed"].unique().tolist()),
                             fmax, float(p["factor_max"].max()) if len(p) else np.nan, rho, pv, rho0, pv0, rho_a2, pv_a2,

@@ -3,8 +3,10 @@
 Turns a grid directory into the paper's tables (``<out>/tables/``), figures (``<figures>/``) and a one-page
 ``<out>/REPORT.md``: each claim of the paper with our measurement, the paper's value, a verdict and the rule that
 gave it. Every number in the report is computed here from the run directories (the paper's from
-``analysis/data/``); a claim whose runs are missing says "not run". Each claim is one :class:`ClaimSpec` in
-:data:`CLAIMS`: its rule (also in docs/analysis.md), the analysis fields it reads and its verdict function.
+``analysis/data/``); a claim whose runs are missing says "not run", one computed on fewer runs than its design
+says "incomplete (n of N runs)", and "Data problems" lists every run not used and every record dropped, of every grid
+read (docs/reliability.md, "The records rule"). Each claim is one :class:`analysis.claims.ClaimSpec` in
+:data:`CLAIMS`: its rule (also in docs/analysis.md), the runs of its design, and its verdict function.
 """
 from __future__ import annotations
 
@@ -24,12 +26,14 @@ import yaml
 from drmas.io import atomic_write_text
 
 from analysis import figures as figs
+from analysis.claims import (FINDING, NEEDS_GPU, NOT_PRODUCED, NOT_REPRODUCED, NOT_RUN, REPRODUCED, Claim, ClaimSpec,
+                             Judged)
 from analysis.cli import parse_dataclass_args
 from analysis.integrity import data_problems_section
 from analysis.class_aware import RULE as CLASS_RULE
 from analysis.class_aware import claim_lemma_classes, class_points
 from analysis.mechanism import FACTOR_REGIME, MIN_POINTS, MechanismVerdict, level_table, mechanism_verdict
-from analysis.runs import GridData, describe_scale, final_evals, load_grid
+from analysis.runs import GridData, GridLoadError, describe_scale, final_evals, load_grid
 from analysis.stats import N_BOOT, kendall_tau, spearman
 from analysis import confirm, stability
 from analysis.tables import (ABLATION, ABLATION_ONLY, DATA, PAIRS, PAPER_ABLATION_ORDER, PRICES_YAML, TABLE_OF_TASK,
@@ -40,87 +44,6 @@ from analysis.tables import (ABLATION, ABLATION_ONLY, DATA, PAIRS, PAPER_ABLATIO
 
 logger = logging.getLogger("analysis.report")
 ROOT = Path(__file__).resolve().parent.parent
-
-REPRODUCED, NOT_REPRODUCED, NEEDS_GPU, NOT_RUN, FINDING = (
-    "reproduced", "not reproduced", "needs GPU scale", "not run", "finding (no paper value)")
-
-@dataclass(frozen=True)
-class Judged:
-    """What a claim's verdict function returns: the claim as stated, the paper's value, ours, the verdict; and,
-    optionally, what the report's layout shows of it. A judge that leaves the optional fields at their defaults
-    still renders: the verdict table then shows the first clause of ``paper`` / ``ours``, and the claim's
-    section lists the clauses of ``ours``.
-
-    ``headline`` / ``paper_headline``: ours / the paper's in one number for the verdict table and the terminal
-    summary; ``short``: the claim in a few words (terminal summary; default: ``claim`` up to its first
-    bracket or colon); ``figures``: figure stems (``paper_figures/<stem>.png``) shown in the claim's section when they
-    exist; ``details``: the section's statistics, one bullet each."""
-
-    claim: str
-    paper: str
-    ours: str
-    verdict: str
-    headline: str = ""
-    paper_headline: str = ""
-    figures: tuple[str, ...] = ()
-    details: tuple[str, ...] = ()
-    short: str = ""
-    design: str = "main grid"
-    """which test judged it: "main grid" (the pre-registered rules on the main grid), "exploratory" (the stability
-    grids: 3 seeds, rules that could only say "not reproduced"), "confirmatory" (the confirmatory round: fresh seeds,
-    rules and power written first)"""
-
-
-@dataclass(frozen=True)
-class ClaimSpec:
-    """One claim of the paper, whole: its key (the REPORT.md row), the verdict rule in words (REPORT.md,
-    claims.csv, docs/analysis.md) and the verdict function."""
-
-    key: str
-    judge: Callable[["Analysis"], Judged]
-    rule: str
-
-    def evaluate(self, an: "Analysis") -> "Claim":
-        j = self.judge(an)
-        return Claim(self.key, j.claim, j.paper, j.ours, j.verdict, self.rule,
-                     headline=j.headline or first_clause(j.ours), paper_headline=j.paper_headline or first_clause(j.paper),
-                     figures=j.figures, details=j.details or tuple(clauses(j.ours)),
-                     short=j.short or re.split(r"[(:]", j.claim)[0].strip(), design=j.design)
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A judged claim: its key and rule, what its verdict function found, and what the layout shows of it
-    (see :class:`Judged`)."""
-
-    key: str
-    claim: str
-    paper: str
-    ours: str
-    verdict: str
-    rule: str
-    headline: str = ""
-    paper_headline: str = ""
-    figures: tuple[str, ...] = ()
-    details: tuple[str, ...] = ()
-    short: str = ""
-    design: str = "main grid"
-
-
-def clauses(text: str) -> list[str]:
-    """``text`` split at the ``; `` that lie outside brackets (the clauses a judge joined into its ``ours``)."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        depth += {"(": 1, "[": 1, ")": -1, "]": -1}.get(ch, 0)
-        if ch == ";" and depth == 0:
-            parts.append(text[start:i].strip())
-            start = i + 1
-    parts.append(text[start:].strip())
-    return [p for p in parts if p]
-
-
-def first_clause(text: str) -> str:
-    return next(iter(clauses(text)), "")
 
 
 @dataclass
@@ -151,6 +74,15 @@ class Analysis:
     """per system (search, math), its stability grid's verdicts (:mod:`analysis.stability`); "not run" without one"""
     confirm: "confirm.Confirmation | None" = None
     """the confirmatory stability round's verdicts (:mod:`analysis.confirm`); None: not run"""
+    mechanism_data: GridData | None = None
+    """the mechanism sweep's grid (its runs are claim a's design); None without a sweep"""
+
+    def other_grids(self) -> list[GridData]:
+        """Every grid the report reads besides the main one: the mechanism sweep, the stability grids, the
+        confirmatory round."""
+        grids = [self.mechanism_data] + [st.data for st in self.stability.values()]
+        grids.append(self.confirm.data if self.confirm is not None else None)
+        return [g for g in grids if g is not None]
 
 
 def analyze(data: GridData, seed: int = 0, n_boot: int = N_BOOT, mechanism: GridData | None = None,
@@ -188,7 +120,7 @@ def analyze(data: GridData, seed: int = 0, n_boot: int = N_BOOT, mechanism: Grid
                     pairs=gradnorm_pairs(gn), efficiency=eff, efficiency_summary=eff_sum, hetero_delta=hetero_delta,
                     headline=headline_table(acc, paper), scale=describe_scale(data),
                     mechanism=class_points(mechanism) if mechanism is not None else pd.DataFrame(),
-                    stability=stability_by_task(stability_grids, seed, n_boot))
+                    stability=stability_by_task(stability_grids, seed, n_boot), mechanism_data=mechanism)
 
 
 def stability_by_task(grids: Sequence[GridData], seed: int = 0, n_boot: int = N_BOOT) -> dict[str, stability.StabilityAnalysis]:
@@ -241,7 +173,7 @@ def claim_lemma(an: Analysis) -> Judged:
     if not np.isfinite(fmax):
         verdict = NOT_RUN
     elif fmax < FACTOR_REGIME:
-        verdict = "not produced"
+        verdict = NOT_PRODUCED
     else:
         verdict = REPRODUCED if np.isfinite(rho) and rho > 0 and pv < 0.05 else NOT_REPRODUCED
     return Judged(title, paper, ours, verdict, paper_headline=LEMMA_HEADLINE, figures=GRADNORM_FIGURES, short=LEMMA_SHORT,
@@ -406,6 +338,10 @@ def claim_hetero(an: Analysis) -> Judged:
                   paper_headline=f"latency {fmt_gain(h.get('latency_change'))}, cost {fmt_gain(h.get('cost_change'))}")
 
 
+POOLED_ESTIMATORS = ("pooled_grpo", "drmas", "trajectory_grpo")
+"""The estimators claim f compares (non-sharing)."""
+
+
 def claim_pooled(an: Analysis, task: str = "search") -> Judged:
     title = f"extra ablation: pooled step-level (μ,σ) vs agent-wise (μk,σk), {task} non-sharing"
     extra = an.ablation_extra.get(task, pd.DataFrame())
@@ -425,35 +361,66 @@ def claim_pooled(an: Analysis, task: str = "search") -> Judged:
                   figures=(f"ablation_{task}",), short="pooled step-level baseline (extra)")
 
 
+# ------------------------------------------------------------------------------------------ the runs of each claim
+PAIR_SETTINGS = tuple(s for pair in PAIRS.values() for s in pair)
+"""The settings of the GRPO / Dr. MAS pairs (claims a without a sweep, b, c)."""
+
+
+def main_runs(tasks: Sequence[str] | None = None,
+              settings: "Sequence[str] | Callable[[Analysis], Sequence[str]] | None" = None) -> Callable[[Analysis], pd.DataFrame]:
+    """A claim's design runs in the main grid (:attr:`analysis.claims.ClaimSpec.design_runs`): the rows of its
+    ``runs`` frame of these tasks and settings (``settings`` may depend on the analysis), usable or not."""
+    def select(an: Analysis) -> pd.DataFrame:
+        runs = an.data.runs
+        mask = pd.Series(True, index=runs.index)
+        if tasks is not None:
+            mask &= runs["task"].isin(tasks)
+        if settings is not None:
+            mask &= runs["setting"].isin(settings(an) if callable(settings) else settings)
+        return runs[mask]
+    return select
+
+
+def sweep_runs(an: Analysis) -> pd.DataFrame:
+    """Claim a's design runs: every run of the mechanism sweep, or the main grid's pairs without a sweep."""
+    return an.mechanism_data.runs if an.mechanism_data is not None else main_runs(settings=PAIR_SETTINGS)(an)
+
+
+def class_sweep_runs(an: Analysis) -> pd.DataFrame:
+    """The class-aware rule's design runs: every run of the mechanism sweep (none without one: "not run")."""
+    return an.mechanism_data.runs if an.mechanism_data is not None else an.data.runs.iloc[0:0]
+
+
 CLAIMS = (
-    ClaimSpec("a", judge=claim_lemma, rule=(
+    ClaimSpec("a", judge=claim_lemma, design_runs=sweep_runs, rule=(
         "decided on the mechanism sweep (trajectory GRPO vs Dr. MAS, same seeds; analysis/mechanism.py): not run with "
         f"fewer than {MIN_POINTS} (level, seed, agent) points; not produced if no agent's mean Lemma factor under GRPO "
         f"reaches {FACTOR_REGIME:g}; else reproduced if the GRPO/Dr. MAS grad-norm ratio rises with the factor "
         "(Spearman rho > 0, p < 0.05), not reproduced otherwise. Without a sweep, the same rule on the main grid's "
         "(setting, seed, agent) pairs")),
-    ClaimSpec("a", judge=claim_lemma_classes, rule=CLASS_RULE),
-    ClaimSpec("b", judge=claim_spikes, rule=(
+    ClaimSpec("a", judge=claim_lemma_classes, rule=CLASS_RULE, design_runs=class_sweep_runs),
+    ClaimSpec("b", judge=claim_spikes, design_runs=main_runs(settings=PAIR_SETTINGS), rule=(
         "needs GPU scale if GRPO runs show no spike and no non-finite norm (nothing to remove); else reproduced if "
         "Dr. MAS has fewer spikes + non-finite norms than GRPO and a lower max grad norm in most agent pairs, "
         "not reproduced otherwise")),
-    *(ClaimSpec("c", judge=partial(claim_accuracy, task=task), rule=(
+    *(ClaimSpec("c", judge=partial(claim_accuracy, task=task), design_runs=main_runs([task], PAIR_SETTINGS), rule=(
         "reproduced if the paired Dr. MAS - GRPO difference of avg@k (Average over benchmarks, pooled over sharing, "
         "non-sharing and seeds) is > 0 and its 95 % CI excludes 0; not reproduced otherwise"))
       for task in ("math", "search")),
-    ClaimSpec("d", judge=claim_ablation, rule=(
+    ClaimSpec("d", judge=claim_ablation, design_runs=main_runs(["search"], [v.ours for v in ABLATION]), rule=(
         "reproduced if our avg@k order of the four variants equals the paper's (Kendall tau = 1); the paired "
         "differences to (mu,sigma) show which gaps the CIs resolve")),
-    ClaimSpec("e", judge=claim_hetero, rule=(
+    ClaimSpec("e", judge=claim_hetero, design_runs=main_runs(["search"], lambda an: [hetero_reference(an.data), "hetero_drmas"]),
+              rule=(
         "reproduced if hetero has lower generation time and lower cost per step and its paired accuracy difference "
         "to homogeneous Dr. MAS has a 95 % CI that includes 0 or lies above it; not reproduced otherwise")),
-    ClaimSpec("f", judge=claim_pooled, rule=(
+    ClaimSpec("f", judge=claim_pooled, design_runs=main_runs(["search"], [VARIANT[e].ours for e in POOLED_ESTIMATORS]),
+              rule=(
         "no verdict (the paper does not run it): paired differences of pooled step-level normalization to "
         "agent-wise and to trajectory GRPO, and its spikes")),
-    *(ClaimSpec(key, judge=lambda an, judge=judge, task=task: Judged(**judge(an.stability[task]), design="exploratory"),
-                rule=rule)
+    *(ClaimSpec(key, judge=lambda an, judge=judge, task=task: judge(an.stability[task]), rule=rule)
       for task in stability.TASKS for key, judge, rule in stability.judges(task)),
-    *(ClaimSpec(key, judge=lambda an, key=key: Judged(**confirm.judge(an.confirm, key), design="confirmatory"), rule=rule)
+    *(ClaimSpec(key, judge=lambda an, key=key: confirm.judge(an.confirm, key), rule=rule)
       for key, (_, rule) in confirm.CLAIMS.items()),
 )
 """The paper's claims in REPORT.md order; each carries its rule, its inputs and its verdict function."""
@@ -577,7 +544,7 @@ def report_markdown(an: Analysis, claims: list[Claim], out: Path, tables_dir: Pa
     else:
         lines += ["", "Controlled checks of Lemma 4.2 / Prop. 4.3: run `python -m analysis.theory` (results/theory/summary.md)."]
     lines += ["", "Verdict rules in full, table and figure definitions: docs/analysis.md."]
-    lines += data_problems_section(an.data)
+    lines += data_problems_section(an.data, an.other_grids())
     return "\n".join(lines) + "\n"
 
 
@@ -625,7 +592,13 @@ def write_report(runs: Path, out: Path = Path("results"), figures_dir: Path = Pa
                  n_boot: int = N_BOOT, with_figures: bool = True,
                  mechanism: Path | None = None, stability_runs: Sequence[Path] = (),
                  confirm_runs: Path | None = None) -> tuple[Path, list[Claim]]:
-    """:func:`make_report`, returning the judged claims too."""
+    """:func:`make_report`, returning the judged claims too. A given folder that does not exist is refused
+    (:class:`analysis.runs.GridLoadError`, one line) before anything is read or written."""
+    if missing := stability.missing_paths(runs=runs, mechanism=mechanism, confirm=confirm_runs):
+        raise GridLoadError("; ".join(missing) + "; pass the out_dir of a grid, e.g. results/runs/cpu; nothing was written")
+    if missing := [f"--stability {p} does not exist" for p in stability_runs if not Path(p).exists()]:
+        raise GridLoadError("; ".join(missing) + "; pass the stability grids' out_dirs, e.g. results/runs/stability; "
+                            "nothing was written")
     data = load_grid(runs)
     grids = {Path(p): stability.load_optional(p) for p in stability_runs}  # None: the grid was not run ("not run")
     stability_dirs = [p for p, g in grids.items() if g is not None]

@@ -16,15 +16,20 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from analysis.runs import GridData, load_grid
+from analysis.claims import (EXPLORATORY, INCONCLUSIVE, MIXED, NO_DIFFERENCE, NOT_REPRODUCED, NOT_RUN, REFUTED,
+                             REPRODUCED, SUPPORTED, UNDERPOWERED, Judged, incomplete)
+from analysis.integrity import problem_lines
+from analysis.runs import GridData, GridLoadError, load_grid
 from analysis.stats import N_BOOT, paired_test
 from analysis.tables import markdown
 
@@ -174,15 +179,18 @@ def pilot_summary(pilot: GridData) -> pd.DataFrame:
 
 # -------------------------------------------------------------------------------------- grid status
 def grid_status(data: GridData | None) -> tuple[int, int]:
-    """(runs usable for the verdicts, runs the grid has): a run counts when it is done, or when it stopped
-    on non-finite gradients (``NonFiniteStop``: the grid marks it failed; rule g's first clause fired)."""
+    """(runs usable for the verdicts, runs the grid has): a run counts when it is done and usable (its folder there,
+    its records without conflicts: :mod:`analysis.runs`), or when it stopped on non-finite gradients
+    (``NonFiniteStop``: the grid marks it failed; rule g's first clause fired). Every other run of the index (not
+    started, in progress, failed otherwise, its folder gone, its records in conflict) makes the verdicts incomplete."""
     if data is None:
         return 0, 0
     return int(_finished(data).sum()), len(data.runs)
 
 
 def _finished(data: GridData) -> pd.Series:
-    done = data.runs["status"] == "done"
+    """Per run of ``data.runs``: whether it counts for the verdicts (:func:`grid_status`)."""
+    done = (data.runs["status"] == "done") & data.runs["usable"]
     failed = data.runs["status"] == "failed"
     if failed.any():
         nonfinite = {r for r in data.runs.loc[failed, "run"] if collapse_of(_steps_of(data, r)).reason == "non-finite"}
@@ -343,7 +351,7 @@ def spike_verdict(spikes: pd.DataFrame) -> tuple[str, pd.DataFrame]:
     verdict of docs/stability.md (supported / refuted / inconclusive)."""
     per = spikes.groupby("agent")[["grpo", "drmas"]].sum().reset_index()
     if per.empty:
-        return "not run", per
+        return NOT_RUN, per
     per["p"] = [float(sps.binomtest(int(g), int(g + d), 0.5).pvalue) if g + d else 1.0
                 for g, d in zip(per["grpo"], per["drmas"])]
     order = np.argsort(per["p"].to_numpy())
@@ -356,8 +364,8 @@ def spike_verdict(spikes: pd.DataFrame) -> tuple[str, pd.DataFrame]:
     per["p_holm"] = holm
     sig = per["p_holm"] < ALPHA
     grpo_more, drmas_more = (sig & (per["grpo"] > per["drmas"])).any(), (sig & (per["drmas"] > per["grpo"])).any()
-    verdict = ("supported" if grpo_more and not drmas_more else "refuted" if drmas_more and not grpo_more
-               else "inconclusive")
+    verdict = (SUPPORTED if grpo_more and not drmas_more else REFUTED if drmas_more and not grpo_more
+               else INCONCLUSIVE)
     return verdict, per
 
 
@@ -435,9 +443,10 @@ def analyze_stability(data: GridData | None, pilot: GridData | None = None, seed
     pilot_table = pilot_summary(pilot) if pilot is not None else pd.DataFrame()
     if data is None:
         empty = pd.DataFrame()
-        return StabilityAnalysis(None, 0, 0, empty, empty, {}, empty, empty, empty, "not run", empty, pilot_table, empty,
+        return StabilityAnalysis(None, 0, 0, empty, empty, {}, empty, empty, empty, NOT_RUN, empty, pilot_table, empty,
                                  task=task)
     task = task_of(data)
+    _require_levels(data)
     runs = finished_runs(data)
     finished, total = grid_status(data)
     everything = run_table(data)
@@ -451,6 +460,16 @@ def analyze_stability(data: GridData | None, pilot: GridData | None = None, seed
         movers=first_movers(data, runs) if len(runs) else pd.DataFrame(), spikes=spikes, spike_agents=per_agent,
         spike_verdict=verdict, accuracy=accuracy_over_time(data, runs, rng, n_boot) if len(runs) else pd.DataFrame(),
         pilot=pilot_table, in_progress=in_progress, zero_reward=zero_reward_signal(data, runs), task=task)
+
+
+def _require_levels(data: GridData) -> None:
+    """Refuse (one line) a grid whose runs lack the ``level`` tag (their learning rate): it is only in index.json."""
+    lacking = data.runs.loc[pd.to_numeric(data.runs["level"], errors="coerce").isna(), "run"].tolist()
+    if lacking:
+        raise GridLoadError(f"{data.root}: {len(lacking)} run(s) without a level tag (the learning rate), e.g. "
+                            f"{lacking[0]}; a stability grid's levels are in its index.json: regenerate it with "
+                            "`python -m experiments.grid run experiments/grids/<the grid>.yaml` (finished runs are "
+                            "reused, not rerun)")
 
 
 # ------------------------------------------------------------------------------------------ claims
@@ -471,9 +490,9 @@ RULE_ACC = ("Dr. MAS - GRPO of the time-averaged avg@k (area under the curve / s
 def _status(an: StabilityAnalysis) -> str | None:
     """'not run' / 'incomplete (n of N runs)' when the grid is absent or unfinished, else None."""
     if an.data is None or an.total == 0:
-        return "not run"
+        return NOT_RUN
     if an.finished < an.total:
-        return f"incomplete ({an.finished} of {an.total} runs)"
+        return incomplete(an.finished, an.total)
     return None
 
 
@@ -504,12 +523,12 @@ def _system(an: StabilityAnalysis, claim: str, key: str) -> tuple[str, str, str]
     return claim, PAPER[an.task][key], short
 
 
-def _no_data(claim: str, paper: str, short: str, ours: str, status: str | None) -> dict[str, str]:
+def _no_data(claim: str, paper: str, short: str, ours: str, status: str | None) -> Judged:
     """A claim with nothing to judge yet: "not run", or the grid's status when it has runs but none that count."""
-    return {"claim": claim, "paper": paper, "ours": ours, "verdict": status or "not run", "short": short}
+    return Judged(claim, paper, ours, status or NOT_RUN, short=short, design=EXPLORATORY)
 
 
-def judge_spikes(an: StabilityAnalysis) -> dict[str, str]:
+def judge_spikes(an: StabilityAnalysis) -> Judged:
     claim, paper, short = _system(an, "(b) revisited: under GRPO per-agent grad norms spike far above Dr. MAS's at the "
                                       "same step", "b-revisited")
     status = _status(an)
@@ -518,12 +537,12 @@ def judge_spikes(an: StabilityAnalysis) -> dict[str, str]:
     parts = [f"{r.agent}: GRPO {r.grpo} vs Dr. MAS {r.drmas} (p_Holm {r.p_holm:.2g})" for r in an.spike_agents.itertuples()]
     pairs = an.spikes.groupby(["lr", "seed"]).ngroups
     verdict = an.spike_verdict if status is None else f"{status}; so far {an.spike_verdict}"
-    return {"claim": claim, "paper": paper, "ours": f"twin spikes over {pairs} twin pair(s): " + "; ".join(parts),
-            "verdict": verdict, "short": short, "figures": (figure_stem(an.task),),
-            "headline": ", ".join(f"{r.agent} GRPO {r.grpo} vs Dr. MAS {r.drmas}" for r in an.spike_agents.itertuples())}
+    headline = ", ".join(f"{r.agent} GRPO {r.grpo} vs Dr. MAS {r.drmas}" for r in an.spike_agents.itertuples())
+    return Judged(claim, paper, f"twin spikes over {pairs} twin pair(s): " + "; ".join(parts), verdict, short=short,
+                  headline=headline, figures=(figure_stem(an.task),), design=EXPLORATORY)
 
 
-def judge_collapse(an: StabilityAnalysis) -> dict[str, str]:
+def judge_collapse(an: StabilityAnalysis) -> Judged:
     what = "the system stops calling the Search agent, NaN" if an.task == "search" else "reward collapse, NaN"
     claim, paper, short = _system(an, f"(g) collapse: GRPO runs collapse ({what}) where Dr. MAS's do not", "g")
     status = _status(an)
@@ -547,12 +566,13 @@ def judge_collapse(an: StabilityAnalysis) -> dict[str, str]:
     if status is not None:
         verdict = status
     elif pooled.fisher_p < ALPHA:
-        verdict = "reproduced"
+        verdict = REPRODUCED
     else:  # a test without the power to find the effect says nothing of its absence
-        verdict = "not reproduced" if power >= POWER_NEEDED else "inconclusive (underpowered)"
-    return {"claim": claim, "paper": paper, "ours": ours, "verdict": verdict, "short": short,
-            "headline": f"collapsed GRPO {pooled.grpo_collapsed:.0f}/{pooled.grpo_n:.0f}, Dr. MAS {pooled.drmas_collapsed:.0f}/"
-                        f"{pooled.drmas_n:.0f}; frontier GRPO {_lr(an.frontier.get(GRPO))}, Dr. MAS {_lr(an.frontier.get(DRMAS))}"}
+        verdict = NOT_REPRODUCED if power >= POWER_NEEDED else UNDERPOWERED
+    return Judged(claim, paper, ours, verdict, short=short, design=EXPLORATORY,
+                  headline=f"collapsed GRPO {pooled.grpo_collapsed:.0f}/{pooled.grpo_n:.0f}, Dr. MAS "
+                           f"{pooled.drmas_collapsed:.0f}/{pooled.drmas_n:.0f}; frontier GRPO "
+                           f"{_lr(an.frontier.get(GRPO))}, Dr. MAS {_lr(an.frontier.get(DRMAS))}")
 
 
 def _zero_reward_clause(an: StabilityAnalysis) -> str:
@@ -568,7 +588,7 @@ def _zero_reward_clause(an: StabilityAnalysis) -> str:
             f"is GRPO {fmt(GRPO)} vs Dr. MAS {fmt(DRMAS)}: each divides the invalid-action penalty by a std")
 
 
-def judge_accuracy(an: StabilityAnalysis) -> dict[str, str]:
+def judge_accuracy(an: StabilityAnalysis) -> Judged:
     claim, paper, short = _system(an, "Accuracy over time: Dr. MAS above GRPO along the run (area under avg@k, last "
                                       "evaluation)", "accuracy-over-time")
     status = _status(an)
@@ -579,17 +599,17 @@ def judge_accuracy(an: StabilityAnalysis) -> dict[str, str]:
     auc = an.accuracy[an.accuracy["measure"] == "auc"]
     above = (auc["low"] > 0).sum()
     below = (auc["high"] < 0).sum()
-    verdict = status or ("reproduced" if above and not below else "not reproduced" if below and not above
-                         else "no difference" if not above and not below else "mixed")
+    verdict = status or (REPRODUCED if above and not below else NOT_REPRODUCED if below and not above
+                         else NO_DIFFERENCE if not above and not below else MIXED)
     decided = (f"decided by the {len(auc)} area cells alone, each on its own 95 % CI with no correction across the "
                "levels (exploratory; the last-evaluation cells are reported, not judged)")
-    return {"claim": claim, "paper": paper, "ours": "; ".join(parts) + "; " + decided, "verdict": verdict,
-            "short": short}
+    return Judged(claim, paper, "; ".join(parts) + "; " + decided, verdict, short=short, design=EXPLORATORY)
 
 
-def judges(task: str) -> tuple[tuple[str, object, str], ...]:
-    """(key, judge, rule) of one system's stability claims; analysis/report.py registers them as ClaimSpecs. The
-    search grid's keys are b-revisited, g, accuracy-over-time; another system's carry its name (g-math, ...)."""
+def judges(task: str) -> tuple[tuple[str, Callable[[StabilityAnalysis], Judged], str], ...]:
+    """(key, judge, rule) of one system's stability claims; analysis/report.py registers them as
+    :class:`analysis.claims.ClaimSpec`. The search grid's keys are b-revisited, g, accuracy-over-time; another
+    system's carry its name (g-math, ...)."""
     suffix = "" if task == "search" else f"-{task}"
     return ((f"b-revisited{suffix}", judge_spikes, RULE_B), (f"g{suffix}", judge_collapse, RULE_G if task == "search" else RULE_G_MATH),
             (f"accuracy-over-time{suffix}", judge_accuracy, RULE_ACC))
@@ -703,7 +723,7 @@ def summary_markdown(an: StabilityAnalysis, runs_dir: Path) -> str:
              f"Runs finished: {an.finished} of {an.total}.", ""]
     for key, judge, rule in judges(an.task):
         j = judge(an)
-        lines += [f"**{key}.** {j['claim']}. Paper: {j['paper']}. Ours: {j['ours']}. **{j['verdict']}**. Rule: {rule}.", ""]
+        lines += [f"**{key}.** {j.claim}. Paper: {j.paper}. Ours: {j.ours}. **{j.verdict}**. Rule: {rule}.", ""]
     for title, frame in (("Pilot (stress dial)", an.pilot), ("Runs", an.runs), ("Collapses", an.collapses),
                          ("First movers (every run; the runs that did not collapse are the control)", an.movers), ("Twin spikes per agent", an.spike_agents),
                          ("Accuracy over time", an.accuracy),
@@ -712,6 +732,8 @@ def summary_markdown(an: StabilityAnalysis, runs_dir: Path) -> str:
                          ("Runs in progress (steps so far; not in any verdict)", an.in_progress)):
         if frame is not None and len(frame):
             lines += [f"## {title}", "", markdown(frame, index=False), ""]
+    if an.data is not None and (problems := problem_lines(an.data)):
+        lines += ["## Data problems", "", *(f"- {item}" for item in problems), ""]
     return "\n".join(lines) + "\n"
 
 
@@ -733,22 +755,42 @@ def write_outputs(an: StabilityAnalysis, out: Path, figures: Path, runs_dir: Pat
 
 
 def load_optional(path: Path | None) -> GridData | None:
-    """The grid in ``path``, or None where it has no index.json yet (the grid was not run)."""
-    if path is None or not (Path(path) / "index.json").exists():
+    """The grid in ``path`` (with or without index.json: :func:`analysis.runs.load_grid`), or None where no path is
+    given or nothing is there (the grid was not run: "not run"). The command lines refuse a path that does not
+    exist before this (:func:`missing_paths`)."""
+    if path is None or not Path(path).exists():
         return None
     return load_grid(path)
 
 
+def missing_paths(**paths: Path | None) -> list[str]:
+    """``--flag PATH does not exist`` for each given path that does not exist (flags named by the keywords)."""
+    return [f"--{flag.replace('_', '-')} {path} does not exist" for flag, path in paths.items()
+            if path is not None and not Path(path).exists()]
+
+
+DEFAULT_RUNS = Path("results/runs/stability")
+DEFAULT_PILOT = Path("results/runs/stability_pilot")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser("python -m analysis.stability", description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs", type=Path, default=Path("results/runs/stability"))
-    p.add_argument("--pilot", type=Path, default=Path("results/runs/stability_pilot"))
+    p.add_argument("--runs", type=Path, default=DEFAULT_RUNS)
+    p.add_argument("--pilot", type=Path, default=None, help=f"the pilot's grid (default: {DEFAULT_PILOT}, if there)")
     p.add_argument("--out", type=Path, default=Path("results/stability"))
     p.add_argument("--figures", type=Path, default=Path("paper_figures"))
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    an = analyze_stability(load_optional(args.runs), load_optional(args.pilot), seed=args.seed)
+    if missing := missing_paths(runs=args.runs, pilot=args.pilot):
+        print(f"analysis.stability: {'; '.join(missing)}; pass a stability grid's out_dir (e.g. {DEFAULT_RUNS}, "
+              "written by experiments/grids/stability.yaml); nothing was written", file=sys.stderr)
+        return 2
+    try:
+        an = analyze_stability(load_grid(args.runs), load_optional(args.pilot or DEFAULT_PILOT), seed=args.seed)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"analysis.stability: {exc}; nothing was written", file=sys.stderr)
+        return 2
     for path in write_outputs(an, args.out, args.figures, args.runs):
         logger.info("wrote %s", path)
     print((args.out / "summary.md").read_text())

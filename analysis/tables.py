@@ -26,6 +26,7 @@ import yaml
 
 from drmas.io import atomic_write_text
 
+from analysis.claims import NOT_RUN
 from analysis.runs import GridData, benchmarks_of, setting_of
 from analysis.stats import (N_BOOT, Interval, average_interval, bootstrap_ci, grad_norm_summary, paired_test,
                             task_scores)
@@ -40,7 +41,6 @@ SETTINGS = ("single_agent_grpo", "sharing_grpo", "sharing_drmas", "nonsharing_gr
 PAIRS = {"sharing": ("sharing_drmas", "sharing_grpo"), "nonsharing": ("nonsharing_drmas", "nonsharing_grpo")}
 METRICS = ("avg", "pass")
 TABLE_OF_TASK = {"math": "table1", "search": "table2"}
-NOT_RUN = "not run"
 
 
 @dataclass(frozen=True)

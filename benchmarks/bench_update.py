@@ -34,7 +34,8 @@ from drmas.config import load_config
 from drmas.io import atomic_write_json
 from drmas.models.logprobs import shared_prefix_tokens
 from drmas.trainer.trainer import Trainer
-from drmas.workers.policy import PolicyWorker, UpdateBatch
+from drmas.workers.base import UpdateBatch
+from drmas.workers.policy import PolicyWorker
 
 CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "cpu"
 

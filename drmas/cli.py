@@ -18,16 +18,20 @@ from pathlib import Path
 
 from drmas.checkpoints import CheckpointDamaged, CheckpointMismatch
 from drmas.config import ConfigError, load_config
-from drmas.config.identity import STALE_POLICIES, ConfigDrift, check_run_folder
+from drmas.config.identity import STALE_POLICIES, ConfigDrift
 from drmas.io import JsonlDamaged, WriteFailed
-from drmas.locks import FolderLocked, folder_lock
+from drmas.locks import FolderLocked
 from drmas.preflight import check_before_work
 from drmas.shutdown import children_end_with_me
+from drmas.loggers import LoggerUnavailable
 from drmas.tasks import ToolFailure, ToolUnavailable
+from drmas.trainer.health import NonFiniteStop, WorkerGroupLost
+from envs.search.corpus import CorpusMismatch
 
 EXIT_CODES: dict[type[Exception], int] = {ConfigError: 2, FolderLocked: 1, CheckpointDamaged: 1, CheckpointMismatch: 1,
                                           JsonlDamaged: 1, WriteFailed: 1, ConfigDrift: 2,
-                                          ToolUnavailable: 1, ToolFailure: 1}
+                                          ToolUnavailable: 1, ToolFailure: 1, NonFiniteStop: 1, WorkerGroupLost: 1,
+                                          LoggerUnavailable: 1, CorpusMismatch: 1}
 """Errors reported as one ``drmas: message`` line (no traceback), with their exit codes."""
 
 
@@ -37,25 +41,25 @@ def _setup_logging(level: str) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from drmas.trainer.run_folder import claim_run_folder
     from drmas.trainer.trainer import Trainer
     from drmas.trainer.warmup import warmup
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides, plugins=args.plugin)
     check_before_work(cfg, train=not args.sft_only)
     if cfg.train.threads:
         import torch
 
         torch.set_num_threads(cfg.train.threads)
     _log_device(cfg.train.device, cfg.train.precision)
-    with nullcontext() if args.sft_only else folder_lock(cfg.run_dir, "run folder"):  # before any work
-        if not args.sft_only and args.stale != "keep":  # keep: the trainer records the changes it continues with
-            check_run_folder(cfg, args.stale)  # a folder made with another config: before the warm-up too
+    # the run folder is claimed before any work (the warm-up too): its lock and its identity check, once
+    with nullcontext() if args.sft_only else claim_run_folder(cfg, args.stale):
         sft = warmup(cfg, progress=not args.no_progress)
         if sft:
             print(json.dumps({"sft": sft}, default=float))
         if args.sft_only:
             return 0
-        trainer = Trainer(cfg, stale="keep" if args.stale == "keep" else "error")  # rerun: already moved aside
+        trainer = Trainer(cfg, stale=args.stale)  # Trainer.train's claim is the one taken here
         try:
             trainer.train(progress=not args.no_progress)
         finally:
@@ -86,7 +90,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir).resolve()
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{args.run_dir} is not a run folder (no config.yaml); pass the folder `drmas train` wrote")
-    cfg = load_config(run_dir / "config.yaml", [f"out_dir={run_dir.parent}", f"name={run_dir.name}", *args.overrides])
+    cfg = load_config(run_dir / "config.yaml", [f"out_dir={run_dir.parent}", f"name={run_dir.name}", *args.overrides],
+                      plugins=args.plugin)
     _log_device(cfg.train.device, cfg.train.precision)
     trainer = Trainer(cfg)
     try:
@@ -112,10 +117,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_config_show(args: argparse.Namespace) -> int:
     from drmas.config.describe import describe_config
+    from drmas.config.loader import import_plugins
+    from drmas.plugins import describe_registered
 
     if args.config is not None and "=" in args.config and not Path(args.config).exists():  # only overrides given
         args.config, args.overrides = None, [args.config, *args.overrides]
-    print(describe_config(load_config(args.config, args.overrides)), end="")
+    cfg = load_config(args.config, args.overrides, plugins=args.plugin)
+    lines = describe_config(cfg).splitlines()
+    if cfg.plugins:  # the plug-ins' line says what each one registered
+        lines = [f"{line.split('  # ')[0]}  # {describe_registered(import_plugins(cfg.plugins))}"
+                 if line.startswith("plugins:") else line for line in lines]
+    print("\n".join(lines))
     return 0
 
 
@@ -153,7 +165,13 @@ CONFIG`. Overrides change any field as key.sub=value, the value read as YAML:
   agents.solver.lr=1e-4   (list entries by `name` or by position: agents.0.lr=1e-4)
   models.shared.path=results/sft/math/base_tiny
 The run folder is out_dir/name (default runs/run, git-ignored); a bad config stops before any work, naming the key.
+Your own estimators, agent roles, orchestras, task sources: --plugin ./my_code.py or --plugin my_pkg.module, before
+CONFIG or after the overrides (docs/extending.md).
 """
+
+PLUGIN_HELP = ("a plug-in imported before the config is validated, in every process of the run: a module name "
+               "(my_pkg.estimators) or a .py file (./my_estimator.py; relative to the current directory); appended to "
+               "the config's `plugins`, so the run's config.yaml records it (repeatable)")
 
 
 def cmd_data(args: argparse.Namespace) -> int:
@@ -172,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("config", help="YAML run config, e.g. experiments/configs/cpu/math_base.yaml")
         p.add_argument("overrides", nargs="*", help="key.sub=value (see above)")
         p.add_argument("--no-progress", action="store_true", help="no progress bar")
+        p.add_argument("--plugin", action="append", default=[], metavar="MODULE_OR_FILE", help=PLUGIN_HELP)
         if name == "train":
             p.add_argument("--stale", choices=STALE_POLICIES, default="error",
                            help="a run folder made with another config: stop and list the keys (error), move its "
@@ -185,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="key.sub=value")
     p.add_argument("--initial-models", action="store_true",
                    help="a folder without a checkpoint: evaluate the models the run starts from (otherwise an error)")
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE_OR_FILE", help=PLUGIN_HELP)
     p.set_defaults(func=cmd_eval)
     p = sub.add_parser("config", help="show a config with its field descriptions, list the shipped ones")
     config_sub = p.add_subparsers(dest="config_command", required=True)
@@ -194,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  formatter_class=raw)
     show.add_argument("config", nargs="?", default=None, help="YAML run config (default: the built-in defaults)")
     show.add_argument("overrides", nargs="*", help="key.sub=value")
+    show.add_argument("--plugin", action="append", default=[], metavar="MODULE_OR_FILE", help=PLUGIN_HELP)
     show.set_defaults(func=cmd_config_show)
     config_sub.add_parser("list", help="the shipped configs (cpu: the embedded default, gpu: one GPU, paper)") \
         .set_defaults(func=cmd_config_list)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 from typing import Iterator
@@ -65,3 +66,18 @@ def children_end_with_me(grace: float = 5.0, exit_within: float = 20.0) -> Itera
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
+    """In a child (between fork and exec, or a pool worker's initializer): have the kernel send ``sig`` when the
+    parent dies, even by SIGKILL (Linux ``prctl(PR_SET_PDEATHSIG)``; elsewhere nothing), and send it now if the
+    parent is gone already."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os.kill(os.getpid(), sig)

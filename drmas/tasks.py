@@ -107,12 +107,63 @@ def _client_counts(retriever: Any) -> dict[str, ToolCounts]:
 
 
 def _check_client(retriever: Any) -> None:
+    """Send one query through an HTTP retrieval client and check the corpus its server serves (the client's
+    ``expected``); raise :class:`ToolUnavailable` with one line naming the URL (and both corpora) otherwise."""
+    from envs.search.corpus import CorpusMismatch
+
     if hasattr(retriever, "check"):
         try:
             retriever.check()
         except ConnectionError as exc:
             raise ToolUnavailable(f"env.args.server_url: {exc}; start the server (python -m envs.search.server "
                                   "--corpus ...) or fix the URL; nothing was trained") from None
+        except CorpusMismatch as exc:
+            raise ToolUnavailable(f"env.args.server_url: {exc}; nothing was trained") from None
+
+
+def _retrieval_client(server_url: str, topk: int, expected: Any) -> Any:
+    """The HTTP client of a run's retrieval server, checking that it serves ``expected`` (a CorpusIdentity)."""
+    from envs.search.client import RetrievalClient
+
+    return RetrievalClient(server_url, topk=topk, expected=expected)
+
+
+def generated_kb_identity(kb: Any) -> Any:
+    """The CorpusIdentity of a generated knowledge base, with the commands that serve it."""
+    from dataclasses import asdict
+
+    fields = {k: v for k, v in asdict(kb.config).items() if k != "seed"}
+    kb_yaml = "{" + ", ".join(f"{k}: {v}" for k, v in fields.items()) + "}"
+    seed, out = kb.config.seed, "data_cache/search_cpu"
+    fix = (f"start the server on it (drmas data prepare search --what generated --out {out} --gen-seed {seed} "
+           f"--gen-kb '{kb_yaml}', then python -m envs.search.server --corpus {out}/generated/seed{seed}/corpus.jsonl)"
+           ", or point env.args.server_url at a server that serves it")
+    return kb.corpus().identity(name=f"the generated knowledge base of env.args.kb (seed {seed})", fix=fix)
+
+
+def named_corpus_identity(corpus: str | None, corpus_hash: str | None) -> Any:
+    """The CorpusIdentity of ``env.args.corpus`` (a shared name or a JSONL path, loaded here and hashed as the
+    server hashes it) or of ``env.args.corpus_hash`` (the hash alone, for a corpus too large to load twice);
+    None when the config names neither. A corpus that cannot be read raises :class:`ToolUnavailable`."""
+    from envs.search.corpus import CorpusIdentity, corpus_file_problem, load_corpus, resolve_corpus_path
+
+    where = "or point env.args.server_url at a server that serves it"
+    if corpus_hash is not None:
+        return CorpusIdentity(name="env.args.corpus_hash", content_hash=corpus_hash,
+                              fix=f"start the server on the corpus of that hash (the server logs its hash at start, "
+                                  f"GET /health reports it), {where}, or fix env.args.corpus_hash")
+    if corpus is None:
+        return None
+    path = resolve_corpus_path(corpus)
+    if problem := corpus_file_problem(corpus, path):
+        raise ToolUnavailable(f"env.args.corpus: {problem}; nothing was trained")
+    try:
+        loaded = load_corpus(path)
+    except ValueError as exc:  # a damaged line, an empty corpus, a row that is no passage
+        raise ToolUnavailable(f"env.args.corpus: {exc}; nothing was trained") from None
+    name = f"env.args.corpus = {corpus}" + ("" if Path(corpus) == path else f" ({path})")
+    return loaded.identity(name=name, fix=f"start the server on it (python -m envs.search.server --corpus {corpus}) "
+                                          f"{where}")
 
 
 TASK_SOURCES: Registry[Callable[..., TaskSource]] = Registry("task source (env.name)")
@@ -250,11 +301,10 @@ class SearchGenerated(TaskSource):
     @cached_property
     def retriever(self):
         """In-process index, or an HTTP client of a retrieval server serving the same corpus
-        (``python -m envs.search.server --corpus <kb corpus file>``) when ``server_url`` is set."""
+        (``python -m envs.search.server --corpus <kb corpus file>``) when ``server_url`` is set; the client
+        checks that the server serves the knowledge base's corpus (before step 0 and after reconnects)."""
         if self.server_url:
-            from envs.search.client import RetrievalClient
-
-            return RetrievalClient(self.server_url, topk=self.topk)
+            return _retrieval_client(self.server_url, self.topk, generated_kb_identity(self.kb))
         from envs.search.retriever import build_retriever
 
         return build_retriever(self.kb.corpus(), backend=self.backend)
@@ -314,12 +364,27 @@ class SearchGenerated(TaskSource):
 class SearchDataset(TaskSource):
     """Prepared question files (``drmas data prepare search``): a ``train`` file (paper: NQ + HotpotQA)
     and ``test`` files by name (NQ, TriviaQA, PopQA, HotpotQA, 2Wiki, MuSiQue, Bamboogle), answered
-    against a retrieval server (``python -m envs.search.server``; paper: E5 over Wikipedia 2018)."""
+    against a retrieval server (``python -m envs.search.server``; paper: E5 over Wikipedia 2018).
+
+    ``corpus`` (a shared corpus name or a JSONL path) or ``corpus_hash`` (its ``content_hash``, for a corpus too
+    large to load in the trainer too) names the corpus the server must serve: checked before step 0 and after
+    every reconnect (``envs.search.client``). With neither, the server's corpus is not checked (a warning says
+    what it reports)."""
 
     trace_roles = SearchGenerated.trace_roles
 
-    def __init__(self, train: str, test: dict[str, str], server_url: str, topk: int = 3, max_turns: int = 4):
+    def __init__(self, train: str, test: dict[str, str], server_url: str, topk: int = 3, max_turns: int = 4,
+                 corpus: str | None = None, corpus_hash: str | None = None):
+        import re
+
         from envs.search.tasks import read_tasks
+
+        if corpus is not None and corpus_hash is not None:
+            raise ValueError("env.args: give corpus (a shared name or a JSONL path) or corpus_hash, not both")
+        if corpus_hash is not None and not re.fullmatch(r"[0-9a-f]{64}", str(corpus_hash)):
+            raise ValueError(f"env.args.corpus_hash must be 64 lower-case hex digits (the sha256 a retrieval server "
+                             f"reports at GET /health), got {corpus_hash!r}")
+        self.corpus, self.corpus_hash = corpus, corpus_hash
 
         for name, path in {"train": train, **{f"test.{k}": v for k, v in test.items()}}.items():
             if not Path(path).is_file():
@@ -331,15 +396,20 @@ class SearchDataset(TaskSource):
 
     @cached_property
     def retriever(self):
-        from envs.search.client import RetrievalClient
-
-        return RetrievalClient(self.server_url, topk=self.topk)
+        return _retrieval_client(self.server_url, self.topk, named_corpus_identity(self.corpus, self.corpus_hash))
 
     def tool_counts(self) -> dict[str, ToolCounts]:
         return _client_counts(self.__dict__.get("retriever"))
 
     def check_tools(self) -> None:
         _check_client(self.retriever)
+        if self.retriever.expected is None:
+            from envs.search.client import served_corpus
+
+            health = self.retriever.health()
+            logger.warning("env.args.corpus is not set, so the corpus of the retrieval server %s (%s) is not checked "
+                           "against the questions; set env.args.corpus (or corpus_hash) to the corpus they need",
+                           self.server_url, served_corpus(health) if health else "it does not say which it serves")
 
     def train_tasks(self, step: int, n: int, seed: int) -> list[Task]:
         rng = np.random.default_rng(_step_seed(seed, step))

@@ -9,15 +9,17 @@
 A grid spec (YAML) names the checkpoints to warm up first (``sft``: configs whose missing model paths are
 SFT'd) and the runs: each entry is a config, overrides, seeds and the tags the analysis groups by (task,
 setting, estimator, assignment, table). A run directory is ``out_dir/<name>_s<seed>``; a run whose
-directory holds ``DONE`` is complete and is skipped, a run with a checkpoint resumes from it (``drmas
-train`` does that), so the runner can be interrupted and restarted at any point. A run folder whose
-``config.yaml`` differs from the config the grid gives now (an edited YAML) is neither skipped nor
-resumed: the runner stops and lists the changed keys (``--stale rerun`` moves such folders aside). Runs execute as
+directory holds ``DONE`` of at least the run's ``train.steps`` is complete and is skipped, a run with a
+checkpoint resumes from it (``drmas train`` does that; also a finished run asked for more steps), so the
+runner can be interrupted and restarted at any point. Whether a run folder holds this run is decided by
+``drmas train``'s rule (:mod:`drmas.config.identity`): a folder whose ``config.yaml`` differs from the config
+the grid gives now in a key of the run's identity (an edited YAML) is neither skipped nor resumed: the runner
+stops and lists the changed keys (``--stale rerun`` moves such folders aside). Runs execute as
 subprocesses, ``--jobs`` at a time (one torch thread each: on 2 cores, two runs take the time of one).
 ``--jobs auto`` takes the number from the hardware (:func:`auto_jobs`): one run per core on the CPU, several
 runs sharing each GPU on a GPU machine (runs are spread over the GPUs with ``CUDA_VISIBLE_DEVICES``).
 ``--device`` (default ``auto``: a GPU when torch sees one) is handed to every run as ``train.device``; a run
-folder made on another device is the same run (``train.device`` is not compared, see :func:`config_changes`).
+folder made on another device is the same run (``train.device`` is not part of a run's identity).
 ``--ray ADDRESS`` runs every command as a Ray task on that cluster instead (:class:`RayLauncher`): same queue,
 index and run folders; Ray places each run by its CPU/GPU needs.
 ``index.json`` in ``out_dir`` lists every run with its tags, status and wall time; it is rewritten
@@ -35,20 +37,19 @@ import itertools
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
-from drmas.config.identity import STALE_POLICIES  # one list for drmas train and the grid
+from drmas.config.identity import STALE_POLICIES, move_aside, saved_config_changes
 from drmas.io import atomic_write_json
 from drmas.locks import FolderLocked, describe_holder, folder_lock, live_holder
-from drmas.shutdown import children_end_with_me
+from drmas.shutdown import children_end_with_me, die_with_parent
 
 logger = logging.getLogger("experiments.grid")
 DEVICES = ("auto", "cpu", "cuda")
@@ -68,14 +69,25 @@ class Run:
     seed: int
     tags: dict[str, Any] = field(default_factory=dict)
     """what the analysis groups by: task, setting, estimator, assignment, table, ..."""
+    _configs: dict[Path, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """:meth:`effective_config` by ``out_dir``"""
 
     def train_overrides(self, out_dir: Path) -> list[str]:
         """The overrides ``drmas train`` gets: the run's name, folder and seed, then the entry's own."""
         return [f"name={self.name}", f"out_dir={out_dir}", f"train.seed={self.seed}", *self.overrides]
 
+    def effective_config(self, out_dir: Path) -> Any:
+        """The validated config ``drmas train`` gets for this run in ``out_dir``, without ``--device`` (not part
+        of a run's identity); read once per ``Run``."""
+        if out_dir not in self._configs:
+            from drmas.config import load_config
+
+            self._configs[out_dir] = load_config(_in_repo(self.config), self.train_overrides(out_dir))
+        return self._configs[out_dir]
+
     def command(self, out_dir: Path, device: str = "auto") -> list[str]:
-        """``drmas train`` of the run. ``--stale keep``: the runner has compared the folder's config already,
-        more strictly (:func:`set_aside_stale`: only ``train.device`` is left out), before it starts a run."""
+        """``drmas train`` of the run. ``--stale keep``: the runner has applied its own ``--stale`` with the same
+        rule (:func:`set_aside_stale`) before it starts a run, so what reaches ``drmas train`` is accepted."""
         return [sys.executable, "-m", "drmas.cli", "train", self.config, *self.train_overrides(out_dir),
                 *device_overrides(device), "--no-progress", "--stale", "keep"]
 
@@ -214,12 +226,46 @@ def _split_values(text: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ running
-def run_status(run_dir: Path) -> str:
+def _recorded(path: Path, parse: Callable[[str], Any], *keys: str) -> int | None:
+    """The integer at ``keys`` in the file ``path`` read with ``parse`` (None when the file, a key or the
+    number is missing)."""
+    try:
+        node = parse(path.read_text())
+        for key in keys:
+            node = node[key]
+        return int(node)
+    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
+        return None
+
+
+def finished_steps(run_dir: Path) -> int | None:
+    """The steps the finished run in ``run_dir`` trained: ``steps`` of its ``DONE`` record, else ``train.steps``
+    of its ``config.yaml``; None when the folder holds no ``DONE`` or neither file says."""
+    if not (run_dir / "DONE").exists():
+        return None
+    done = _recorded(run_dir / "DONE", json.loads, "steps")
+    return done if done is not None else _recorded(run_dir / "config.yaml", yaml.safe_load, "train", "steps")
+
+
+def run_status(run_dir: Path, steps: int | None = None) -> str:
+    """``done``: ``run_dir`` holds ``DONE`` of a run that trained at least ``steps`` steps (any number when
+    ``steps`` is None or ``DONE`` does not say); ``partial``: a checkpoint to resume from (a finished run asked
+    for more steps has its last one); ``todo``: nothing to resume."""
     if (run_dir / "DONE").exists():
-        return "done"
+        trained = finished_steps(run_dir)
+        if steps is None or trained is None or trained >= steps:
+            return "done"
     if (run_dir / "checkpoints" / "latest").exists():
         return "partial"
     return "todo"
+
+
+def status_of(grid: Grid, run: Run) -> str:
+    """:func:`run_status` of ``run``'s folder against the ``train.steps`` the grid gives it now."""
+    folder = grid.out_dir / run.name
+    if not (folder / "DONE").exists():
+        return run_status(folder)
+    return run_status(folder, run.effective_config(grid.out_dir).train.steps)
 
 
 def _in_repo(path: str | Path) -> Path:
@@ -227,59 +273,39 @@ def _in_repo(path: str | Path) -> Path:
     return Path(path) if Path(path).is_absolute() else ROOT / path
 
 
-def _comparable(config: dict[str, Any]) -> dict[str, Any]:
-    """A run's config without what names its folder (``name``, ``out_dir``, the derived DeepSpeed dir),
-    without ``train.device`` (a run is the same run on a CPU or a GPU, same grid, same result semantics, so a run
-    begun on one resumes on the other), without ``train.loggers`` (where metrics are also sent) and without each
-    model's ``rollout.engine`` (``fast`` and ``hf`` draw the same samples; drmas/config/identity.py)."""
-    config = {k: v for k, v in config.items() if k not in ("name", "out_dir")}
-    config["train"] = {k: v for k, v in (config.get("train") or {}).items() if k not in ("device", "loggers")}
-    config["models"] = {key: {**m, "resources": {k: v for k, v in (m.get("resources") or {}).items()
-                                                 if k != "checkpoint_dir"},
-                              "rollout": {k: v for k, v in (m.get("rollout") or {}).items() if k != "engine"}}
-                        for key, m in (config.get("models") or {}).items()}
-    return config
-
-
-def config_changes(run: Run, out_dir: Path) -> list[str]:
-    """The config keys whose value in the run folder's ``config.yaml`` differs from the config the grid would
-    run now (empty when they agree or the folder has no config yet). A run made with another config is not
-    a result of this grid: it must not be skipped as complete, nor resumed. The saved config is validated
-    again first, so fields added to the schema since (at their defaults) do not count as changes."""
-    from drmas.config import ConfigError, dump_config, load_config
-    from drmas.config.identity import changed_keys
-
-    saved_file = out_dir / run.name / "config.yaml"
-    if not saved_file.exists():
+def stale_changes(grid: Grid, run: Run) -> list[str]:
+    """``key (old -> new)`` of every identity key in which the run folder's ``config.yaml`` differs from the config
+    the grid gives now (:func:`drmas.config.identity.saved_config_changes`, the rule of ``drmas train``; empty
+    when they agree or the folder has no config yet). Such a folder is not a result of this grid: it is
+    neither skipped as complete nor resumed."""
+    if not (grid.out_dir / run.name / "config.yaml").exists():
         return []
-    current = yaml.safe_load(dump_config(load_config(_in_repo(run.config), run.train_overrides(out_dir))))
-    try:
-        saved = yaml.safe_load(dump_config(load_config(saved_file, [])))
-    except ConfigError as exc:
-        return [f"(its config.yaml no longer loads: {str(exc).splitlines()[-1].strip()})"]
-    return [key for key, _, _ in changed_keys(_comparable(saved), _comparable(current))]
+    return saved_config_changes(run.effective_config(grid.out_dir))
 
 
 def set_aside_stale(grid: Grid, runs: list[Run], stale: str) -> None:
-    """Runs of ``runs`` whose folder holds another config: ``error`` (default) stops with the list,
-    ``rerun`` moves each folder to ``<name>.stale-<k>`` (nothing is deleted) so the run starts afresh,
-    ``keep`` leaves them as they are (complete runs are skipped, partial ones resume)."""
-    changed = {r.name: keys for r in runs if run_status(grid.out_dir / r.name) != "todo"
-               for keys in [config_changes(r, grid.out_dir)] if keys}
+    """Runs of ``runs`` whose folder holds another config (:func:`stale_changes`): ``error`` (default) stops
+    with the list, ``rerun`` moves each folder's files to ``<name>.stale-<k>`` (:func:`move_aside`, holding the
+    folder's lock; nothing is deleted) so the run starts afresh, ``keep`` leaves them as they are (complete
+    runs are skipped, partial ones resume)."""
+    if stale not in STALE_POLICIES:
+        raise GridError(f"stale={stale!r}; use one of {STALE_POLICIES}")
+    changed = {r.name: changes for r in runs if (changes := stale_changes(grid, r))}
     if not changed or stale == "keep":
-        for name, keys in changed.items():
-            logger.warning("[grid] %s was made with another config (%s); kept (--stale keep)", name, ", ".join(keys[:5]))
+        for name, changes in changed.items():
+            logger.warning("[grid] %s was made with another config (%s); kept (--stale keep)", name,
+                           "; ".join(changes[:5]))
         return
     if stale == "error":
-        listing = "; ".join(f"{name}: {', '.join(keys[:4])}{' ...' if len(keys) > 4 else ''}" for name, keys in changed.items())
+        listing = "; ".join(f"{name}: {', '.join(changes[:4])}{' ...' if len(changes) > 4 else ''}"
+                            for name, changes in changed.items())
         raise GridError(f"{len(changed)} run folder(s) in {grid.out_dir} were made with another config than the grid "
                         f"gives now ({listing}); pass --stale rerun to move them aside (<name>.stale-<k>) and run "
                         "them again, --stale keep to use them as they are, or delete them")
-    for name, keys in changed.items():
-        folder = grid.out_dir / name
-        k = next(i for i in itertools.count(1) if not (grid.out_dir / f"{name}.stale-{i}").exists())
-        os.replace(folder, grid.out_dir / f"{name}.stale-{k}")
-        logger.info("[grid] %s: config changed (%s); old folder moved to %s.stale-%d", name, ", ".join(keys[:5]), name, k)
+    for name, changes in changed.items():
+        with folder_lock(grid.out_dir / name, "run folder"):
+            aside = move_aside(grid.out_dir / name)
+        logger.info("[grid] %s: config changed (%s); old files moved to %s", name, "; ".join(changes[:5]), aside)
 
 
 def write_index(grid: Grid, timings: dict[str, float], failed: dict[str, str]) -> Path:
@@ -291,7 +317,7 @@ def write_index(grid: Grid, timings: dict[str, float], failed: dict[str, str]) -
         previous = {r["run"]: r for r in json.loads((out / "index.json").read_text()).get("runs", [])}
     rows = []
     for run in grid.runs:
-        status = "failed" if run.name in failed else run_status(out / run.name)
+        status = "failed" if run.name in failed else status_of(grid, run)
         seconds = timings.get(run.name, previous.get(run.name, {}).get("seconds"))
         rows.append({"run": run.name, "config": run.config, "overrides": run.overrides, **run.tags,
                      "status": status, "seconds": seconds, **({"error": failed[run.name]} if run.name in failed else {})})
@@ -313,20 +339,6 @@ class LocalLauncher:
         own children in turn (``drmas.shutdown``): no run goes on as an orphan."""
         return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=log.open("a"), stderr=subprocess.STDOUT,
                                 preexec_fn=functools.partial(die_with_parent, os.getpid()))
-
-
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
-    """In a child between fork and exec: have the kernel send ``sig`` when the parent dies (Linux
-    ``prctl(PR_SET_PDEATHSIG)``; elsewhere nothing), and send it now if the parent is gone already."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    if os.getppid() != parent:  # the runner died before prctl took effect
-        os.kill(os.getpid(), sig)
 
 
 def _run_logged(cmd: list[str], cwd: str, log: str, env: dict[str, str]) -> int:
@@ -423,15 +435,60 @@ def checkpoints_ready(run: Run) -> bool:
     return all(path.exists() for path in _start_checkpoints(run.config, tuple(run.overrides)))
 
 
-def run_grid(grid: Grid, jobs: int | str = 2, only: str | None = None, dry_run: bool = False,
-             stale: str = "error", device: str = "auto", ray_address: str | None = None,
-             summary: Path | None = None) -> dict[str, str]:
+@dataclass(frozen=True)
+class GridOptions:
+    """How :func:`run_grid` runs a grid: the flags of ``python -m experiments.grid run`` (and ``sweep``)."""
+
+    jobs: int | str = 2
+    """runs at a time, or ``auto`` (:func:`auto_jobs`)"""
+    only: str | None = None
+    """fnmatch pattern(s) on run names, comma-separated (None: every run)"""
+    dry_run: bool = False
+    """print the commands of the runs to compute and run nothing"""
+    stale: str = "error"
+    """what to do with run folders made with another config (:func:`set_aside_stale`)"""
+    device: str = "auto"
+    """every run's ``train.device`` (``auto``: the configs' own)"""
+    ray_address: str | None = None
+    """run every command as a task on this Ray cluster (:class:`RayLauncher`; ``local`` starts a local head)
+    instead of as a subprocess of this machine"""
+    summary: Path | None = None
+    """a file that gets one line appended: what the call computed and what it reused (:func:`summary_line`)"""
+
+    def __post_init__(self) -> None:
+        if self.stale not in STALE_POLICIES:
+            raise GridError(f"stale={self.stale!r}; use one of {STALE_POLICIES}")
+        if self.device not in DEVICES:
+            raise GridError(f"device={self.device!r}; use one of {DEVICES}")
+
+
+@dataclass(frozen=True)
+class Lanes:
+    """Where the runs of a grid go and how many at once."""
+
+    jobs: int
+    """runs (and warm-ups) at a time"""
+    gpus: int
+    """GPUs the runs use (0: CPU)"""
+    device: str
+    """every run's ``train.device`` (``auto``: the configs' own)"""
+    launcher: Any
+    """:class:`LocalLauncher` or :class:`RayLauncher`"""
+
+
+def options_from(args: argparse.Namespace) -> GridOptions:
+    """The :class:`GridOptions` of parsed ``run`` / ``sweep`` arguments."""
+    return GridOptions(jobs=args.jobs, only=args.only, dry_run=args.dry_run, stale=args.stale, device=args.device,
+                       ray_address=args.ray_address, summary=args.summary)
+
+
+def run_grid(grid: Grid, options: GridOptions = GridOptions()) -> dict[str, str]:
     """:func:`_run_grid` holding the lock of ``grid.out_dir`` (a second runner on it stops at once with
     ``FolderLocked`` naming the first), and ending every child process on SIGTERM/SIGINT."""
-    if dry_run:
-        return _run_grid(grid, jobs, only, dry_run, stale, device, ray_address)
+    if options.dry_run:
+        return _run_grid(grid, options)
     with folder_lock(grid.out_dir, "grid out_dir"), children_end_with_me():
-        return _run_grid(grid, jobs, only, dry_run, stale, device, ray_address, summary)
+        return _run_grid(grid, options)
 
 
 def summary_line(grid: Grid, computed: int, reused: int, failed: int) -> str:
@@ -440,53 +497,62 @@ def summary_line(grid: Grid, computed: int, reused: int, failed: int) -> str:
             "(complete before)" + (f", {failed} FAILED" if failed else ""))
 
 
-def _run_grid(grid: Grid, jobs: int | str = 2, only: str | None = None, dry_run: bool = False,
-              stale: str = "error", device: str = "auto", ray_address: str | None = None,
-              summary: Path | None = None) -> dict[str, str]:
-    """Run every incomplete run of ``grid`` (``only``: fnmatch pattern(s) on run names, comma-separated).
-    Returns run name -> error for the runs that failed; the others are complete. ``stale``: what to do
-    with run folders made with another config (:func:`set_aside_stale`). ``jobs``: runs at a time, or
-    ``auto`` (:func:`auto_jobs`); ``device``: every run's ``train.device`` (``auto``: the configs' own);
-    ``ray_address``: run every command as a task on that Ray cluster (:class:`RayLauncher`; ``local`` starts
-    a local head) instead of as a subprocess of this machine; ``summary``: a file that gets one line appended,
-    what this call computed and what it reused (:func:`summary_line`).
+def select_runs(grid: Grid, only: str | None) -> list[Run]:
+    """The runs of ``grid`` whose name matches one of the comma-separated fnmatch patterns ``only`` (all when
+    there are none)."""
+    patterns = [p for p in (only or "").split(",") if p]
+    return [r for r in grid.runs if not patterns or any(fnmatch.fnmatch(r.name, p) for p in patterns)]
 
-    Scheduling: the warm-ups start first, each holding one of the ``jobs`` lanes while it runs; a run
-    starts on a free lane as soon as its checkpoints exist (queue order otherwise), so search runs go
-    while the math base is still being trained."""
-    launcher = RayLauncher(ray_address, device) if ray_address and not dry_run else LocalLauncher()
-    cores, gpus, where = launcher.hardware(device)
-    if grid.requires_gpu and not dry_run and not gpus:
+
+def grid_lanes(grid: Grid, options: GridOptions) -> Lanes:
+    """The launcher, GPUs and lanes ``options`` give on this machine or Ray cluster (a local launcher for a dry
+    run); a grid that needs GPUs where none is in use is an error, except for a dry run."""
+    launcher = RayLauncher(options.ray_address, options.device) if options.ray_address and not options.dry_run \
+        else LocalLauncher()
+    cores, gpus, where = launcher.hardware(options.device)
+    if grid.requires_gpu and not options.dry_run and not gpus:
         raise GridError(f"grid {grid.name!r} needs GPUs and none is in use ({where}); run it on a GPU machine "
                         "(docs/gpu.md) or pass --dry-run to list its commands")
-    if jobs == "auto":
-        jobs = auto_jobs(cores, gpus)
+    jobs = auto_jobs(cores, gpus) if options.jobs == "auto" else int(options.jobs)
     logger.info("[grid] device: %s; %d run(s) at a time", where, jobs)
-    patterns = [p for p in (only or "").split(",") if p]
-    selected = [r for r in grid.runs if not patterns or any(fnmatch.fnmatch(r.name, p) for p in patterns)]
-    if not dry_run:
-        set_aside_stale(grid, selected, stale)
-    todo = [r for r in selected if run_status(grid.out_dir / r.name) != "done"]
-    reused = len(selected) - len(todo)
-    if dry_run:
+    return Lanes(jobs=jobs, gpus=gpus, device=options.device, launcher=launcher)
+
+
+def _run_grid(grid: Grid, options: GridOptions) -> dict[str, str]:
+    """Run every incomplete run of ``grid`` that ``options.only`` selects, after applying ``options.stale`` to
+    the folders made with another config (:func:`set_aside_stale`); a dry run prints their commands instead.
+    Returns run name -> error for the runs that failed; the others are complete. With ``options.summary``,
+    appends :func:`summary_line` to that file.
+
+    Scheduling: the warm-ups start first, each holding one of the lanes while it runs; a run starts on a
+    free lane as soon as its checkpoints exist (queue order otherwise), so search runs go while the math
+    base is still being trained."""
+    lanes = grid_lanes(grid, options)
+    selected = select_runs(grid, options.only)
+    if not options.dry_run:
+        set_aside_stale(grid, selected, options.stale)
+    todo = [r for r in selected if status_of(grid, r) != "done"]
+    if options.dry_run:
         for r in todo:
-            print(" ".join(r.command(grid.out_dir, device)))
+            print(" ".join(r.command(grid.out_dir, options.device)))
         return {}
+    reused = len(selected) - len(todo)
     logger.info("[grid] %s: %d run(s) already complete (reused), %d to compute", grid.name, reused, len(todo))
-    failed = _run_todo(grid, todo, jobs, gpus, device, launcher) if todo else {}
+    failed = _run_todo(grid, todo, lanes) if todo else {}
     if not todo:
         write_index(grid, {}, {})
     line = summary_line(grid, len(todo) - len(failed), reused, len(failed))
     logger.info("[grid] %s", line)
-    if summary is not None:
-        with open(summary, "a") as fh:
+    if options.summary is not None:
+        with open(options.summary, "a") as fh:
             fh.write(line + "\n")
     return failed
 
 
-def _run_todo(grid: Grid, todo: list[Run], jobs: int, gpus: int, device: str, launcher: Any) -> dict[str, str]:
-    """Run ``todo`` on ``jobs`` lanes (warm-ups first); returns run name -> error for the runs that failed."""
-    warming = _start_warm_up(grid, todo, device, launcher)
+def _run_todo(grid: Grid, todo: list[Run], lanes: Lanes) -> dict[str, str]:
+    """Run ``todo`` on ``lanes`` (warm-ups first); returns run name -> error for the runs that failed."""
+    jobs, gpus, launcher = lanes.jobs, lanes.gpus, lanes.launcher
+    warming = _start_warm_up(grid, todo, lanes.device, launcher)
     timings: dict[str, float] = {}
     failed: dict[str, str] = {}
     running: list[tuple[Run, Any, float, Path]] = []
@@ -498,7 +564,7 @@ def _run_todo(grid: Grid, todo: list[Run], jobs: int, gpus: int, device: str, la
         for run in list(held):  # once its holder is gone, the run is complete or goes back to the queue
             if live_holder(grid.out_dir / run.name) is None:
                 held.remove(run)
-                if run_status(grid.out_dir / run.name) == "done":
+                if status_of(grid, run) == "done":
                     logger.info("[grid] %s was completed by the process that held it", run.name)
                 else:
                     queue.insert(0, run)
@@ -529,7 +595,7 @@ def _run_todo(grid: Grid, todo: list[Run], jobs: int, gpus: int, device: str, la
             if gpus > 1 and isinstance(launcher, LocalLauncher):  # the run sees only the least busy GPU, as "cuda"
                 gpu_of[ready.name] = least_busy_gpu(gpus, [gpu_of[r.name] for r, *_ in running])
                 lane_env["CUDA_VISIBLE_DEVICES"] = str(gpu_of[ready.name])
-            proc = launcher.start(ready.command(grid.out_dir, device), log, lane_env)
+            proc = launcher.start(ready.command(grid.out_dir, lanes.device), log, lane_env)
             running.append((ready, proc, time.perf_counter(), log))
             logger.info("[grid] start %s (%d/%d; log %s)", ready.name, len(todo) - len(queue), len(todo), log)
         time.sleep(1.0)
@@ -599,13 +665,10 @@ def main(argv: list[str] | None = None) -> int:
             grid = load_grid(args.spec, args.seeds)
         if args.command == "list":
             for r in grid.runs:
-                status = run_status(grid.out_dir / r.name)
-                if status != "todo" and config_changes(r, grid.out_dir):
-                    status = "stale"
+                status = "stale" if stale_changes(grid, r) else status_of(grid, r)
                 print(f"{status:8s} {r.name:40s} {r.config} {' '.join(r.overrides)}")
             return 0
-        failed = run_grid(grid, jobs=args.jobs, only=args.only, dry_run=args.dry_run, stale=args.stale,
-                          device=args.device, ray_address=args.ray_address, summary=args.summary)
+        failed = run_grid(grid, options_from(args))
     except GridError as exc:
         print(f"experiments.grid: {exc}", file=sys.stderr)
         return 2

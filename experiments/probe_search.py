@@ -41,11 +41,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from drmas.algos import class_factors, class_sums, compute_advantages, lemma_factors, step_classes
+from drmas.algos import GLOBAL_BASELINES, class_factors, class_sums, compute_advantages, lemma_factors, step_classes
 from drmas.config import load_config
 from drmas.io import atomic_write_json
 from drmas.models.logprobs import batch_logprobs, make_batch
-from drmas.trainer.metrics import GLOBAL_BASELINES
 from drmas.trainer.trainer import Trainer
 
 logger = logging.getLogger("experiments.probe_search")

@@ -12,6 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from drmas.algos import ESTIMATORS, compute_advantages
+from drmas.algos.advantages import Conventions
+from drmas.testing import check_estimator
 from reference_advantages import reference_advantages
 
 EPS = 1e-6
@@ -33,9 +35,13 @@ def test_single_group_1000(estimator):
 
 
 @pytest.mark.parametrize("estimator", ALL)
-def test_all_equal_group_gives_zero(estimator):
-    got = adv([0.7] * 6, [0] * 6, ["a", "b"] * 3, [0, 0, 1, 1, 2, 2], estimator=estimator)
-    torch.testing.assert_close(got, torch.zeros(6), atol=1e-6, rtol=0)
+def test_builtin_estimators_pass_check_estimator(estimator):
+    """The checks a plug-in estimator gets (drmas.testing): its return value, finite advantages, row-permutation
+    equivariance and advantage 0 for a group whose scores are all equal, under three conventions."""
+    report = check_estimator(estimator)
+    assert report.passed == ("returns", "finite", "row permutation", "zero on constant groups"), report
+    # one task group whose scores are all equal, written out
+    check_estimator(estimator, table=([0.7] * 6, [0] * 6, ["a", "b"] * 3, [0, 0, 1, 1, 2, 2]))
 
 
 def test_two_agents_on_different_scales_pooled_vs_agentwise():
@@ -225,14 +231,11 @@ step_tables = st.integers(0, 2**32 - 1).map(lambda seed: random_table(np.random.
 
 @settings(max_examples=60, deadline=None)
 @given(table=step_tables, seed=st.integers(0, 2**32 - 1))
-def test_row_permutation_invariance(table, seed):
-    scores, tasks, agents, trajs = table
-    perm = np.random.default_rng(seed).permutation(len(scores))
+def test_random_tables_pass_check_estimator(table, seed):
+    """check_estimator on random step tables (singleton and constant groups included): row permutation,
+    finiteness and zero advantages on its constant task groups, under the reference conventions."""
     for est in ALL:
-        base = compute_advantages(torch.tensor(scores), tasks, agents, trajs, estimator=est).advantages
-        permuted = compute_advantages(torch.tensor(scores)[perm], np.array(tasks)[perm], np.array(agents)[perm],
-                                      np.array(trajs)[perm], estimator=est).advantages
-        torch.testing.assert_close(permuted, base[perm], atol=1e-5, rtol=1e-5)
+        check_estimator(est, table=table, seed=seed, conventions=(Conventions(),))
 
 
 @settings(max_examples=60, deadline=None)

@@ -295,10 +295,12 @@ def test_report_end_to_end(grid, tmp_path):
     text = report.read_text()
     claims = pd.read_csv(out / "tables" / "claims.csv").set_index("key")
     verdicts = claims.groupby(level=0)["verdict"].apply(list).to_dict()
-    # synthetic GRPO: spikes and grad norms growing with the factor; Dr. MAS clearly better; ordering as in the paper
-    assert verdicts["a"] == ["reproduced", "not run"]  # the paper's rule; the class-aware rule needs the sweep
-    assert verdicts["b"] == ["reproduced"]
-    assert verdicts["c"] == ["reproduced", "reproduced"]
+    # synthetic GRPO: spikes and grad norms growing with the factor; Dr. MAS clearly better; ordering as in the paper.
+    # The grid's failed and partial math runs (a GRPO / Dr. MAS pair setting each) are runs of the design of a, b and
+    # c-math that their verdicts could not use: those say so (16 of the 18 pair runs, 8 of the 10 math ones)
+    assert verdicts["a"] == ["incomplete (16 of 18 runs): reproduced so far", "not run"]  # the class-aware rule needs the sweep
+    assert verdicts["b"] == ["incomplete (16 of 18 runs): reproduced so far"]
+    assert verdicts["c"] == ["incomplete (8 of 10 runs): reproduced so far", "reproduced"]
     assert verdicts["d"] == ["reproduced"]
     assert verdicts["e"] == ["reproduced"]  # nano agents are cheaper and faster, accuracy unchanged
     assert verdicts["f"] == ["finding (no paper value)"]
@@ -478,10 +480,11 @@ def test_report_opens_with_a_verdict_table_then_one_section_per_claim(grid, tmp_
     claim with its rule, statistics and inline figure; a judge that returns only claim/paper/ours/verdict
     still renders (first clauses in the table, every clause a bullet)."""
     from analysis import report as rep
+    from analysis.claims import FINDING, ClaimSpec, Judged
 
     an = rep.analyze(load_grid(grid), n_boot=50)
-    bare = rep.ClaimSpec("z", judge=lambda an: rep.Judged("a new claim", "paper 1; more", "ours 2 (x; y); z 3",
-                                                         rep.FINDING), rule="a rule")
+    bare = ClaimSpec("z", judge=lambda an: Judged("a new claim", "paper 1; more", "ours 2 (x; y); z 3", FINDING),
+                     rule="a rule")
     claims = [*rep.build_claims(an), bare.evaluate(an)]
     figs = {"ablation_search": tmp_path / "figs" / "ablation_search.png"}
     text = rep.report_markdown(an, claims, tmp_path, tmp_path / "tables", list(figs.values()), grid)

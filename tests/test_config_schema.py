@@ -85,3 +85,18 @@ def test_default_run_folder_is_git_ignored():
         out = subprocess.run(["git", "check-ignore", "-q", path], cwd=root)
         assert out.returncode == 0, f"{path} is not git-ignored"
     assert subprocess.run(["git", "check-ignore", "-q", "results/runs/cpu/index.json"], cwd=root).returncode == 1
+
+
+@pytest.mark.parametrize("override, field", [("models.solver_model.optim.lr=1e6", "models.solver_model.optim.lr=1e+06"),
+                                             ("agents.verifier.lr=0.5", "agents[1].lr=0.5"),
+                                             ("sft.lr=1e-9", "sft.lr=1e-09")])
+def test_a_learning_rate_outside_the_plausible_range_is_refused_unless_allowed(override, field):
+    from drmas.config import ConfigError, load_config
+    from drmas.config.schema import LR_RANGE
+
+    with pytest.raises(ConfigError) as err:
+        load_config("experiments/configs/cpu/math_base.yaml", [override])
+    assert f"{field} is outside the plausible range [{LR_RANGE[0]:g}, {LR_RANGE[1]:g}]" in str(err.value)
+    assert "train.allow_unusual_lr=true" in str(err.value)
+    cfg = load_config("experiments/configs/cpu/math_base.yaml", [override, "train.allow_unusual_lr=true"])
+    assert cfg.train.allow_unusual_lr

@@ -184,13 +184,14 @@ def test_cli_refuses_a_missing_folder(tmp_path):
 
 
 def test_report_judges_name_the_verdict_and_its_numbers(tmp_path):
-    from analysis.report import Judged
+    from analysis.claims import CONFIRMATORY, Judged
 
     an = confirm.analyze(load_grid(make_grid(tmp_path / "g")), n_boot=100)
-    j = Judged(**confirm.judge(an, "C1"), design="confirmatory")
+    j = confirm.judge(an, "C1")
+    assert isinstance(j, Judged) and j.design == CONFIRMATORY
     assert j.verdict == "reproduced" and "18 collapses in 36 runs" in j.ours and j.headline.startswith("HR ")
-    assert confirm.judge(an, "C2")["verdict"] == "reproduced"
-    assert "answer: 18/18 above" in confirm.judge(an, "C3")["headline"]
+    assert confirm.judge(an, "C2").verdict == "reproduced"
+    assert "answer: 18/18 above" in confirm.judge(an, "C3").headline
     missing = confirm.judge(None, "C1")
-    assert missing["verdict"] == "not run" and "has not run" in missing["ours"]
+    assert missing.verdict == "not run" and "has not run" in missing.ours and missing.design == CONFIRMATORY
     assert confirm.load_optional(tmp_path / "nothing") is None

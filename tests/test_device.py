@@ -20,7 +20,8 @@ from drmas.config import AlgoConfig, ConfigError, ModelConfig, OptimConfig, load
 from drmas.devices import autocast, resolve_device
 from drmas.models import build_policy, save_policy, train_bytelevel_bpe
 from drmas.rollout.base import SamplingParams
-from drmas.workers.policy import PolicyWorker, UpdateBatch, WorkerSpec
+from drmas.workers.base import UpdateBatch, WorkerSpec
+from drmas.workers.policy import PolicyWorker
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU_CONFIGS = sorted((ROOT / "experiments/configs/cpu").glob("*.yaml"))

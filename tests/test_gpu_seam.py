@@ -28,7 +28,7 @@ from drmas.rollout.vllm_engine import (
 )
 from drmas.workers.openrlhf import backend as backend_mod
 from drmas.workers.openrlhf import seam
-from drmas.workers.policy import UpdateBatch, WorkerSpec
+from drmas.workers.base import UpdateBatch, WorkerSpec
 
 HAS_OPENRLHF = importlib.util.find_spec("openrlhf") is not None
 HAS_VLLM = importlib.util.find_spec("vllm") is not None

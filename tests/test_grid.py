@@ -15,8 +15,10 @@ import pytest
 import yaml
 
 from drmas.config import load_config
-from experiments.grid import (ROOT, GridError, _split_values, auto_jobs, config_changes, least_busy_gpu, load_grid,
-                             main, parse_jobs, run_grid, run_status, set_aside_stale, sweep_grid, warm_ups_needed)
+from drmas.config.identity import config_changes, saved_config_changes
+from experiments.grid import (ROOT, GridError, GridOptions, _split_values, auto_jobs, finished_steps, least_busy_gpu,
+                             load_grid, main, parse_jobs, run_grid, run_status, set_aside_stale, stale_changes,
+                             status_of, sweep_grid, warm_ups_needed)
 
 
 def _write(path: Path, data) -> Path:
@@ -89,7 +91,7 @@ def test_device_reaches_every_run_but_does_not_make_a_folder_stale(tmp_path, cap
     saved = yaml.safe_load((folder / "config.yaml").read_text())
     saved["train"]["device"] = "cuda"  # the same run, made on a GPU
     _write(folder / "config.yaml", saved)
-    assert config_changes(grid.runs[0], grid.out_dir) == []
+    assert stale_changes(grid, grid.runs[0]) == []
     assert main(["run", str(tmp_path / "grid.yaml"), "--jobs", "auto", "--device", "cpu", "--dry-run"]) == 0
     if not __import__("torch").cuda.is_available():  # a GPU that is not there: one clear error, nothing runs
         assert main(["run", str(tmp_path / "grid.yaml"), "--device", "cuda"]) == 2
@@ -140,19 +142,28 @@ def _fake_done_runs(spec: Path) -> tuple:
     return grid
 
 
+def _edit(path: Path, *changes: tuple[str, object]) -> None:
+    """Set the dotted keys of the YAML file ``path`` to the given values."""
+    data = yaml.safe_load(path.read_text())
+    for key, value in changes:
+        *parents, leaf = key.split(".")
+        node = data
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    _write(path, data)
+
+
 def test_run_folders_made_with_another_config_are_not_taken_as_results(tmp_path):
     grid = _fake_done_runs(_mini_grid(tmp_path))
-    assert all(config_changes(r, grid.out_dir) == [] for r in grid.runs)
+    assert all(stale_changes(grid, r) == [] for r in grid.runs)
     assert run_grid(grid) == {}  # everything complete: nothing runs
 
-    edited = yaml.safe_load((tmp_path / "mini.yaml").read_text())
-    edited["train"]["steps"] = 7
-    edited["models"]["solver_model"]["optim"]["lr"] = 1e-4
-    _write(tmp_path / "mini.yaml", edited)
+    _edit(tmp_path / "mini.yaml", ("train.steps", 7), ("models.solver_model.optim.lr", 1e-4))
     grid = load_grid(tmp_path / "grid.yaml")
-    assert config_changes(grid.runs[0], grid.out_dir) == ["models.solver_model.optim.lr", "train.steps"]
-    with pytest.raises(GridError, match=r"2 run folder\(s\).*math_nonsharing_grpo_s0: models.solver_model.optim.lr, "
-                                        r"train.steps.*--stale rerun"):
+    assert stale_changes(grid, grid.runs[0]) == ["models.solver_model.optim.lr (0.0002 -> 0.0001)"]  # steps may grow
+    with pytest.raises(GridError, match=r"2 run folder\(s\).*math_nonsharing_grpo_s0: models.solver_model.optim.lr "
+                                        r"\(0.0002 -> 0.0001\).*--stale rerun"):
         run_grid(grid)
     assert all(run_status(grid.out_dir / r.name) == "done" for r in grid.runs)  # nothing touched
 
@@ -162,7 +173,85 @@ def test_run_folders_made_with_another_config_are_not_taken_as_results(tmp_path)
     name = grid.runs[0].name
     assert run_status(grid.out_dir / name) == "todo"
     assert (grid.out_dir / f"{name}.stale-1" / "DONE").exists()
+    assert not (grid.out_dir / f"{name}.stale-1" / ".lock").exists()
     assert run_status(grid.out_dir / grid.runs[1].name) == "done"
+
+
+def test_the_grid_and_drmas_train_decide_a_runs_identity_by_one_rule(tmp_path, capsys):
+    """The grid asks drmas/config/identity.py whether a run folder holds its run: a finished run whose config
+    differs only in keys drmas train ignores (backend, threads, device, checkpoint cadence) is reused; one asked
+    for more ``train.steps`` is no change but not complete either: it is started again and resumes from its
+    checkpoint (as ``drmas train`` continues it); fewer steps is a change."""
+    grid = _fake_done_runs(_mini_grid(tmp_path))
+    for run in grid.runs:
+        folder = grid.out_dir / run.name
+        (folder / "checkpoints" / "latest").mkdir(parents=True)
+        _edit(folder / "config.yaml", ("train.backend", "ray"), ("train.threads", 4), ("train.device", "cuda"),
+              ("train.save_every", 3))
+        saved = load_config(folder / "config.yaml", [])
+        assert stale_changes(grid, run) == config_changes(saved, run.effective_config(grid.out_dir)) == []
+        assert stale_changes(grid, run) == saved_config_changes(run.effective_config(grid.out_dir))
+    assert [status_of(grid, r) for r in grid.runs] == ["done", "done"]
+    assert run_grid(grid, GridOptions(dry_run=True)) == {} and capsys.readouterr().out == ""  # reused: nothing to run
+    assert run_grid(grid) == {}
+    assert [r["status"] for r in json.loads((grid.out_dir / "index.json").read_text())["runs"]] == ["done", "done"]
+
+    _edit(tmp_path / "mini.yaml", ("train.steps", 8))
+    grid = load_grid(tmp_path / "grid.yaml")
+    folder = grid.out_dir / grid.runs[0].name
+    assert finished_steps(folder) == 6 and run_status(folder) == "done"  # DONE of 6 steps (from its config.yaml)
+    assert [stale_changes(grid, r) for r in grid.runs] == [[], []]
+    assert [status_of(grid, r) for r in grid.runs] == ["partial", "partial"]  # resumed from the step-6 checkpoint
+    set_aside_stale(grid, grid.runs, "error")  # no change: nothing refused, nothing moved
+    assert run_grid(grid, GridOptions(dry_run=True)) == {}
+    commands = capsys.readouterr().out.splitlines()
+    assert [c.split(" name=")[1].split()[0] for c in commands] == [r.name for r in grid.runs]
+    assert all("--stale keep" in c for c in commands)
+    assert [p.name for p in grid.out_dir.iterdir() if ".stale-" in p.name] == []
+
+    (folder / "DONE").write_text(json.dumps({"steps": 8}))  # the DONE record's own count decides
+    assert finished_steps(folder) == 8 and status_of(grid, grid.runs[0]) == "done"
+    (folder / "DONE").write_text(json.dumps({"steps": 6}))  # a continuation to 8 killed after rewriting config.yaml
+    _edit(folder / "config.yaml", ("train.steps", 8))
+    assert finished_steps(folder) == 6 and status_of(grid, grid.runs[0]) == "partial"
+
+    _edit(tmp_path / "mini.yaml", ("train.steps", 5))
+    grid = load_grid(tmp_path / "grid.yaml")
+    assert stale_changes(grid, grid.runs[1]) == ["train.steps (6 -> 5)"]
+    with pytest.raises(GridError, match=r"train.steps \(6 -> 5\)"):
+        set_aside_stale(grid, grid.runs[1:], "error")
+
+
+@pytest.mark.slow
+def test_a_finished_run_asked_for_more_steps_resumes_under_the_grid(tmp_path):
+    """End to end: a finished grid run whose ``train.steps`` is raised is started again and continues from its
+    checkpoint (its first records stay as they were); then a changed ``train.threads`` reuses it."""
+    def spec(*overrides: str) -> Path:
+        return _write(tmp_path / "g.yaml", {"name": "g", "out_dir": str(tmp_path / "runs"), "runs": [
+            {"name": "r", "config": "experiments/configs/cpu/search_base.yaml", "tags": {"task": "search"},
+             "overrides": ["train.batch_tasks=2", "train.group_size=2", "train.evaluate=false", *overrides]}]})
+
+    summary, folder = tmp_path / "summary.txt", tmp_path / "runs" / "r_s0"
+    assert run_grid(load_grid(spec("train.steps=2")), GridOptions(jobs=1, device="cpu", summary=summary)) == {}
+    first = (folder / "metrics.jsonl").read_bytes()
+    assert run_grid(load_grid(spec("train.steps=3")), GridOptions(jobs=1, device="cpu", summary=summary)) == {}
+    metrics = (folder / "metrics.jsonl").read_bytes()
+    assert metrics.startswith(first) and [json.loads(line)["step"] for line in metrics.splitlines()] == [0, 1, 2]
+    assert json.loads((folder / "DONE").read_text())["steps"] == 3
+    assert run_grid(load_grid(spec("train.steps=3", "train.threads=0")), GridOptions(jobs=1, summary=summary)) == {}
+    assert [line.split(": ", 2)[2] for line in summary.read_text().splitlines()] == [
+        "1 computed now, 0 reused (complete before)", "1 computed now, 0 reused (complete before)",
+        "0 computed now, 1 reused (complete before)"]
+    assert not list((tmp_path / "runs").glob("*.stale-*"))
+
+
+def test_grid_options_refuse_unknown_policies(tmp_path):
+    with pytest.raises(GridError, match="stale='redo'"):
+        GridOptions(stale="redo")
+    with pytest.raises(GridError, match="stale='redo'"):  # not taken for rerun
+        set_aside_stale(load_grid(_mini_grid(tmp_path)), [], "redo")
+    with pytest.raises(GridError, match="device='tpu'"):
+        GridOptions(device="tpu")
 
 
 def _runner(spec: Path, log: Path) -> subprocess.Popen:
@@ -242,7 +331,7 @@ def test_grid_on_a_local_ray_head_runs_two_runs_at_once(tmp_path):
     runs = tmp_path / "runs"
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        assert run_grid(load_grid(spec), jobs="auto", ray_address="local") == {}
+        assert run_grid(load_grid(spec), GridOptions(jobs="auto", ray_address="local")) == {}
         index = json.loads((runs / "index.json").read_text())
         assert [(r["run"], r["status"]) for r in index["runs"]] == [
             ("math_nonsharing_grpo_s0", "done"), ("math_nonsharing_drmas_s0", "done")]
@@ -253,7 +342,7 @@ def test_grid_on_a_local_ray_head_runs_two_runs_at_once(tmp_path):
         (a0, a1), (b0, b1) = [((runs / r["run"] / "manifest.json").stat().st_mtime, (runs / r["run"] / "DONE").stat().st_mtime)
                               for r in index["runs"]]
         assert a0 < b1 and b0 < a1, "the two runs did not run at once"
-        assert run_grid(load_grid(spec), jobs="auto", ray_address="local") == {}  # complete: skipped
+        assert run_grid(load_grid(spec), GridOptions(jobs="auto", ray_address="local")) == {}  # complete: skipped
     finally:
         ray.shutdown()
 

@@ -153,7 +153,7 @@ def test_math_dataset_takes_the_math_args(load):
 def test_worker_group_settings_from_a_paper_config(load):
     """What the openrlhf backend would build for each worker group (no GPU needed to derive it)."""
     from drmas.workers.openrlhf.seam import group_settings, openrlhf_overrides
-    from drmas.workers.policy import WorkerSpec
+    from drmas.workers.base import WorkerSpec
 
     cfg = load("math_qwen3-4b_nonsharing.yaml")
     for i, (key, m) in enumerate(cfg.models.items()):

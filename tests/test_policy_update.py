@@ -11,7 +11,8 @@ import torch
 
 from drmas.config import AlgoConfig, ModelConfig, OptimConfig
 from drmas.models import build_policy, save_policy, train_bytelevel_bpe
-from drmas.workers.policy import PolicyWorker, UpdateBatch, WorkerSpec
+from drmas.workers.base import UpdateBatch, WorkerSpec
+from drmas.workers.policy import PolicyWorker
 
 
 @pytest.fixture(scope="module")

@@ -453,7 +453,7 @@ def test_server_load_test_bounded_concurrency(tmp_path):
 # ========================================================================================= torn records
 def test_a_torn_last_line_is_dropped_on_resume(tmp_path):
     from drmas.io import read_jsonl
-    from drmas.trainer.metrics import MetricsSink
+    from drmas.loggers import MetricsSink
 
     sink = MetricsSink(tmp_path)
     for step in range(3):
@@ -474,7 +474,7 @@ def test_resume_from_no_checkpoint_drops_the_initial_evaluation(tmp_path):
     """A run killed before its first checkpoint evaluates step 0 again: the old record must go, or
     eval.jsonl would hold step 0 twice."""
     from drmas.io import read_jsonl
-    from drmas.trainer.metrics import MetricsSink
+    from drmas.loggers import MetricsSink
 
     sink = MetricsSink(tmp_path)
     sink.write_eval({"step": 0, "benchmark": "b", "k": 2, "avg": 0.5, "pass": 1.0})
@@ -484,7 +484,7 @@ def test_resume_from_no_checkpoint_drops_the_initial_evaluation(tmp_path):
 
 
 def test_a_damaged_line_before_the_last_is_an_error_not_a_silent_gap(tmp_path):
-    from drmas.trainer.metrics import MetricsSink
+    from drmas.loggers import MetricsSink
 
     sink = MetricsSink(tmp_path)
     sink.metrics_path.write_text('{"step": 0}\n{"step": 1, "lo\n{"step": 2}\n')

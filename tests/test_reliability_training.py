@@ -108,7 +108,7 @@ def _inject(kill: str) -> None:
 
     import torch
 
-    import drmas.trainer.metrics as metrics_module
+    import drmas.loggers as loggers_module
     import drmas.trainer.trainer as trainer_module
     from drmas.workers.local import LocalBackend
 
@@ -127,7 +127,7 @@ def _inject(kill: str) -> None:
 
         LocalBackend.update = update
     elif site == "append":  # half of the metrics line of `step` reaches the file
-        real_append = metrics_module.append_jsonl
+        real_append = loggers_module.append_jsonl
 
         def append(path, record):
             if path.name == "metrics.jsonl" and record.get("step") == step:
@@ -139,7 +139,7 @@ def _inject(kill: str) -> None:
                 _kill_self()
             real_append(path, record)
 
-        metrics_module.append_jsonl = append
+        loggers_module.append_jsonl = append
     elif site == "eval":  # the evaluation of `step` is recorded, its checkpoint not yet written
         real_evaluate = Trainer.evaluate
 
@@ -548,3 +548,34 @@ def test_grader_timeout_holds_inside_a_ray_actor(ray_session):
 
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "child":
     _child_main(sys.argv[2:])
+
+
+def test_kill_9_during_the_sft_warm_up_leaves_no_worker_alive(tmp_path):
+    """`drmas sft` trains two checkpoints in two spawn workers; SIGKILL to the command (no handler can run) ends
+    both workers too (they would otherwise train on as orphans until their job ended)."""
+    import psutil
+
+    overrides = [f"out_dir={tmp_path}/runs", "name=sft_kill",
+                 f"models.solver_model.path={tmp_path}/sft/a", f"models.verifier_model.path={tmp_path}/sft/b",
+                 "models.solver_model.preset=nano", "models.verifier_model.preset=nano",
+                 "sft.traces=300", "sft.steps=100000", f"sft.tokenizer_dir={tmp_path}/sft/tok"]
+    proc = subprocess.Popen([sys.executable, "-m", "drmas.cli", "sft", "experiments/configs/cpu/math_base.yaml",
+                             *overrides, "--no-progress"], cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    try:
+        deadline, workers = time.monotonic() + 600, []
+        while time.monotonic() < deadline and proc.poll() is None:
+            workers = [c for c in psutil.Process(proc.pid).children(recursive=True)
+                       if "spawn_main" in " ".join(c.cmdline())]
+            if len(workers) >= 2:
+                break
+            time.sleep(0.5)
+        assert len(workers) >= 2, f"the warm-up's two workers did not start (exit {proc.poll()})"
+        proc.kill()
+        proc.wait(30)
+        gone, alive = psutil.wait_procs(workers, timeout=30)
+        assert not alive, f"SFT workers alive after the warm-up was killed: {[p.pid for p in alive]}"
+    finally:
+        for p in psutil.Process().children(recursive=True):
+            if p.pid == proc.pid or "spawn_main" in " ".join(p.cmdline() or []):
+                p.kill()

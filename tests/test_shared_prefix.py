@@ -19,7 +19,8 @@ from drmas.models import build_policy, model_preset, save_policy, train_byteleve
 from drmas.models.logprobs import (batch_logprobs, group_prompts, make_batch, make_shared_prefix_batch,
                                    shared_prefix_logprobs, shared_prefix_tokens)
 from drmas.rollout import HFRolloutEngine, SamplingParams
-from drmas.workers.policy import PolicyWorker, UpdateBatch, WorkerSpec
+from drmas.workers.base import UpdateBatch, WorkerSpec
+from drmas.workers.policy import PolicyWorker
 
 
 @pytest.fixture(scope="module")

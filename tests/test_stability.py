@@ -126,8 +126,8 @@ def test_grid_verdicts(grid):
     assert pooled.fisher_p == pytest.approx(20 / 220)
     # 6 runs per estimator have power 0.56 against collapse rates 0.8 vs 0.2: no difference found is no evidence
     assert S.fisher_power(6, 6) == pytest.approx(0.56, abs=0.01)
-    assert judged["g"]["verdict"] == "inconclusive (underpowered)" and "power of the pooled test" in judged["g"]["ours"]
-    assert "frontier GRPO 5e-05, Dr. MAS 0.0008" in judged["g"]["ours"]
+    assert judged["g"].verdict == "inconclusive (underpowered)" and "power of the pooled test" in judged["g"].ours
+    assert "frontier GRPO 5e-05, Dr. MAS 0.0008" in judged["g"].ours
 
 
 def test_fisher_power_equals_a_simulation():
@@ -144,9 +144,9 @@ def test_incomplete_and_absent_grids(tmp_path):
     an = S.analyze_stability(load_grid(make_stability_grid(tmp_path / "g", seeds=(0,), unfinished=1)), n_boot=50)
     assert (an.finished, an.total) == (3, 4)
     for _, judge, _ in S.JUDGES:
-        assert judge(an)["verdict"].startswith("incomplete (3 of 4 runs)")
+        assert judge(an).verdict.startswith("incomplete (3 of 4 runs)")
     none = S.analyze_stability(S.load_optional(tmp_path / "absent"))
-    assert all(judge(none)["verdict"] == "not run" for _, judge, _ in S.JUDGES)
+    assert all(judge(none).verdict == "not run" for _, judge, _ in S.JUDGES)
 
 
 def test_figure(grid):
@@ -174,7 +174,7 @@ def test_math_grid(tmp_path):
     keys = [k for k, _, _ in S.judges("math")]
     assert keys == ["b-revisited-math", "g-math", "accuracy-over-time-math"]
     g = dict((k, j(an)) for k, j, _ in S.judges("math"))["g-math"]
-    assert "[math system]" in g["claim"] and "Search" not in g["claim"] and g["paper"] == S.PAPER["math"]["g"]
+    assert "[math system]" in g.claim and "Search" not in g.claim and g.paper == S.PAPER["math"]["g"]
     fig = S.fig_gradnorm_over_steps(data, an.runs)
     assert len(fig.axes) == 2 * len(LRS) and fig._suptitle.get_text().startswith("Math system")
     assert S.figure_stem(an.task) == "stability_gradnorm_math_nonsharing"

@@ -187,3 +187,91 @@ def test_a_checkpoint_does_not_depend_on_the_config_that_builds_it(tmp_path):
     b, _ = load_policy(str(tmp_path / "b_solver"))
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(x, y), name
+
+
+# ----------------------------------------------------------------------------- degenerate and non-finite training
+def test_weights_made_non_finite_by_an_update_stop_before_the_step_is_recorded(warm):
+    """A NaN in Adam's state makes the next update's weights NaN: the step stops with one message naming the
+    model and the step, and the step is not recorded (it used to surface later as a raw sampling error)."""
+    from drmas.trainer.health import NonFiniteWeights
+
+    cfg = _config(warm, "nan_adam", "train.steps=3", "train.save_every=0", "train.evaluate=false")
+    trainer = Trainer(cfg)
+    try:
+        trainer.sink.write_step(0, trainer.train_step(0))
+        state = next(iter(trainer.backend.workers["solver_model"].optimizer.state.values()))
+        state["exp_avg"].fill_(float("nan"))
+        with pytest.raises(NonFiniteWeights, match=r"model solver_model: the weights are non-finite \(NaN/inf\) after "
+                                                   r"the update of step 1 \(solver_model lr=.*records in .*metrics"
+                                                   r"\.jsonl end at step 0"):
+            trainer.train_step(1)
+    finally:
+        trainer.close()
+    assert [r["step"] for r in _metrics(cfg.run_dir)] == [0]
+
+
+def test_a_checkpoint_holding_non_finite_values_is_refused_before_use(warm, capsys):
+    """A checkpoint whose optimizer moments hold a NaN (hashes intact: written so) is refused at resume, naming
+    the file and the tensor; `drmas train` says it in one line, exit 1."""
+    import torch
+
+    from drmas.checkpoints import write_manifest
+    from drmas.cli import main
+
+    cfg = _config(warm, "nan_ckpt", "train.steps=1", "train.evaluate=false")
+    trainer = Trainer(cfg)
+    trainer.train(progress=False)
+    trainer.close()
+    latest = cfg.run_dir / "checkpoints" / "latest"
+    state = torch.load(latest / "worker_verifier_model.pt", weights_only=False)
+    first = next(iter(state["optimizer"]["state"]))
+    state["optimizer"]["state"][first]["exp_avg_sq"].view(-1)[0] = float("inf")
+    torch.save(state, latest / "worker_verifier_model.pt")
+    write_manifest(latest, step=1)
+    (cfg.run_dir / "DONE").unlink()
+    assert main(["train", str(cfg.run_dir / "config.yaml"), "train.steps=2", "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len([line for line in err if line.startswith("drmas:")]) == 1, err
+    line = next(line for line in err if line.startswith("drmas:"))
+    assert f"{latest / 'worker_verifier_model.pt'}: optimizer.state.{first}.exp_avg_sq holds non-finite values" in line
+
+
+def test_an_initial_model_with_non_finite_weights_is_refused_naming_its_folder(warm, tmp_path):
+    from drmas.checkpoints import CheckpointDamaged
+    from drmas.models.factory import load_policy, save_policy
+
+    model, tokenizer = load_policy(str(warm / "sft" / "solver"))
+    next(iter(model.parameters())).data.view(-1)[3] = float("nan")
+    bad = tmp_path / "nan_solver"
+    save_policy(model, tokenizer, str(bad))
+    cfg = _config(warm, "nan_init", "train.steps=1",
+                  f"models.solver_model.path={bad}")
+    with pytest.raises(CheckpointDamaged, match=rf"{bad}: parameter .* of model 'solver_model' holds non-finite"):
+        Trainer(cfg)
+
+
+def test_greedy_sampling_is_flagged_degenerate_in_the_log_and_in_done(warm, caplog):
+    """Temperature 0: every trajectory of a task group is the same, every advantage 0, every gradient norm
+    exactly 0. The run finishes, warns once per cause, and its DONE marker lists the causes."""
+    import logging
+
+    from drmas.trainer.health import DEGENERATE_STEPS
+
+    cfg = _config(warm, "greedy", f"train.steps={DEGENERATE_STEPS + 1}", "train.save_every=0", "train.evaluate=false",
+                  "agents.solver.sampling.temperature=0", "agents.verifier.sampling.temperature=0")
+    with caplog.at_level(logging.WARNING, logger="drmas.trainer.health"):
+        trainer = Trainer(cfg)
+        trainer.train(progress=False)
+        trainer.close()
+    done = json.loads((cfg.run_dir / "DONE").read_text())
+    causes = done["degenerate"]
+    assert any(c.startswith("identical samples in every task group (every advantage 0) for "
+                            f"{DEGENERATE_STEPS} steps in a row (from step 0)") for c in causes), causes
+    assert any(c.startswith("agent solver: gradient norm exactly 0") for c in causes), causes
+    warned = [r.getMessage() for r in caplog.records if "degenerate training" in r.getMessage()]
+    assert len(warned) == len(causes)
+    normal = _config(warm, "basic_done", "train.steps=1", "train.save_every=0", "train.evaluate=false")
+    trainer = Trainer(normal)
+    trainer.train(progress=False)
+    trainer.close()
+    assert "degenerate" not in json.loads((normal.run_dir / "DONE").read_text())

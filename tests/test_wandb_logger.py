@@ -14,7 +14,7 @@ import pytest
 wandb = pytest.importorskip("wandb", reason="the wandb extra (pip install 'drmas[wandb]')")
 
 from drmas.config import ConfigError, load_config  # noqa: E402
-from drmas.trainer.metrics import MetricsSink, reference_names  # noqa: E402
+from drmas.loggers import MetricsSink, reference_names  # noqa: E402
 
 BLOCK, HEADER = 32768, 7  # the .wandb file: a 7-byte ':W&B' header, then LevelDB-log blocks of records
 
@@ -114,3 +114,28 @@ def test_a_resumed_run_continues_the_same_wandb_run(tmp_path, monkeypatch):
     dirs = sorted(tmp_path.glob("wandb/offline-run-*"))
     # offline-run-<date>_<time>-<id>, and "-1" after it when both started in the same second
     assert len(dirs) == 2 and all(re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{run_id}(-\d+)?", d.name) for d in dirs), dirs
+
+
+def test_a_wandb_logger_that_cannot_start_stops_the_run_in_one_line_before_any_work(tmp_path, monkeypatch, capsys):
+    """A file in the way of <run>/wandb, and online mode with no API key (no network here): one `drmas:` line
+    that says why and what to do (WANDB_MODE=offline), exit 1, and nothing of the run written."""
+    from drmas.cli import main
+    from drmas.loggers import LoggerUnavailable
+
+    run = tmp_path / "runs" / "wb_blocked"
+    run.mkdir(parents=True)
+    (run / "wandb").write_text("not a folder")
+    args = ["train", "experiments/configs/cpu/math_base.yaml", f"out_dir={tmp_path}/runs", "name=wb_blocked",
+            "train.loggers=[wandb]", "train.steps=1", "--no-progress"]
+    assert main(args) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("drmas:")]
+    assert err == [f"drmas: {run / 'wandb'} is a file, in the way of the W&B run folder; move it away, or drop "
+                   "wandb from train.loggers"]
+    assert not (run / "metrics.jsonl").exists() and not (run / "manifest.json").exists()
+
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb_config"))  # no login kept from elsewhere
+    with pytest.raises(LoggerUnavailable, match=r"the wandb logger could not start \(WANDB_MODE=online\): .*set "
+                                                r"WANDB_MODE=offline to write the run into .*wandb_online/wandb"):
+        MetricsSink(tmp_path / "wandb_online", ["wandb"]).open()

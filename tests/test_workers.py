@@ -9,7 +9,7 @@ import pytest
 
 from drmas.config import ConfigError, load_config
 from drmas.workers.base import Backend
-from drmas.workers.catalog import BACKENDS
+from drmas.backends import BACKENDS
 
 OPERATIONS = [name for name, _ in inspect.getmembers(Backend, inspect.isfunction) if not name.startswith("_")]
 
@@ -32,7 +32,7 @@ def test_validation_asks_capabilities_not_names(monkeypatch):
     """A backend registered under a new name is validated by what it declares."""
     from dataclasses import replace
 
-    from drmas.workers.catalog import BackendEntry
+    from drmas.backends import BackendEntry
 
     openrlhf = BACKENDS.get("openrlhf")
     vllm_only = replace(openrlhf, target="nowhere:Nothing",

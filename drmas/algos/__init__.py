@@ -5,8 +5,11 @@
 - gradient diagnostics: per-model and per-agent gradient norms, the spike statistic.
 """
 from drmas.algos.advantages import (
+    ESTIMATOR_TERMS,
     ESTIMATORS,
+    GLOBAL_BASELINES,
     AdvantageResult,
+    EstimatorTerms,
     compute_advantages,
     register_estimator,
     segment_stats,
@@ -18,6 +21,7 @@ from drmas.algos.diagnostics import (
     class_factors,
     control_positions,
     class_sums,
+    first_nonfinite,
     grad_norm,
     lemma_factors,
     spike_ratios,
@@ -26,8 +30,8 @@ from drmas.algos.diagnostics import (
 from drmas.algos.loss import PolicyLossConfig, aggregate_loss, entropy_from_logits, kl_k3, policy_loss
 
 __all__ = [
-    "ESTIMATORS", "AdvantageResult", "compute_advantages", "register_estimator",
-    "segment_stats", "AgentGradNorms", "SpikeDetector", "SpikeRule", "class_factors", "control_positions", "class_sums", "grad_norm",
+    "ESTIMATOR_TERMS", "ESTIMATORS", "GLOBAL_BASELINES", "AdvantageResult", "EstimatorTerms", "compute_advantages", "register_estimator",
+    "segment_stats", "AgentGradNorms", "SpikeDetector", "SpikeRule", "class_factors", "control_positions", "class_sums", "first_nonfinite", "grad_norm",
     "lemma_factors", "spike_ratios", "step_classes",
     "PolicyLossConfig", "aggregate_loss", "entropy_from_logits", "kl_k3", "policy_loss",
 ]

@@ -280,6 +280,36 @@ ESTIMATORS: Registry[EstimatorFn] = Registry("advantage estimator")
 register_estimator = ESTIMATORS.register  # decorator: @register_estimator("name"); duplicate names are rejected
 
 
+@dataclass(frozen=True)
+class EstimatorTerms:
+    """How the suite speaks of one estimator: its baseline's family and its spelling in the paper's tables."""
+
+    baseline: Literal["global", "agent-wise", "mixed", "leave-one-out", "official branch"]
+    """global: one (μ, σ) per task group for every agent (the paper's "vanilla GRPO", whose inflation Lemma 4.2
+    bounds); agent-wise: each agent's own (μk, σk) (Dr. MAS, Eq. 5); mixed: one statistic global, one agent-wise
+    (Table 3); leave-one-out: RLOO baselines; official branch: the reference code's ablation switch."""
+    setting: str | None = None
+    """The estimator's part of a setting tag (``nonsharing_drmas``, ``nonsharing:(mu_k,sigma)``): the spelling
+    of analysis/data/paper_tables.csv. ``None``: no paper column (its registry key is used)."""
+
+
+ESTIMATOR_TERMS: dict[str, EstimatorTerms] = {
+    "trajectory_grpo": EstimatorTerms("global", "grpo"),  # Eq. 2, as the reference code implements it
+    "pooled_grpo": EstimatorTerms("global", "pooled_step"),
+    "drmas": EstimatorTerms("agent-wise", "drmas"),  # Eq. 5
+    "drmas_mean_only": EstimatorTerms("mixed", "(mu_k,sigma)"),  # Table 3
+    "drmas_std_only": EstimatorTerms("mixed", "(mu,sigma_k)"),  # Table 3
+    "rloo": EstimatorTerms("leave-one-out"),
+    "rloo_agent": EstimatorTerms("leave-one-out"),
+}
+"""The one declaration of the estimator vocabulary, by registry key (the official branch's variants are added
+where they are registered). A plug-in estimator without an entry has no family and is spelled by its key."""
+
+GLOBAL_BASELINES: tuple[str, ...] = tuple(k for k, t in ESTIMATOR_TERMS.items() if t.baseline == "global")
+"""The global baselines (``trajectory_grpo``, ``pooled_grpo``): every run logs each agent's Lemma 4.2 factor and
+class-aware factor under each of them (``agent/{k}/lemma_factor_{b}``), whatever estimator it trains with."""
+
+
 @register_estimator("trajectory_grpo")
 def trajectory_grpo(b: StepBatch) -> tuple[torch.Tensor, Grouping]:
     """Paper Eq. 2 as the reference code implements it: A_i = (R_i - mu) / (sigma + eps), R_i the mean
@@ -364,6 +394,7 @@ def _register_reference_ablations() -> None:
             for by_agent, suffix in ((True, ""), (False, "_uid")):
                 fn = partial(_reference_ablation, mean_level=mean_level, std_level=std_level, by_agent=by_agent)
                 register_estimator(f"{mean_level}_{std_level}{suffix}")(fn)
+                ESTIMATOR_TERMS[f"{mean_level}_{std_level}{suffix}"] = EstimatorTerms("official branch")
 
 
 _register_reference_ablations()

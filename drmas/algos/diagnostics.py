@@ -222,3 +222,17 @@ class SpikeDetector:
         self.history.append(norm)
         self.count += int(spike)
         return ratio, spike
+
+
+def first_nonfinite(state, prefix: str = "") -> str | None:
+    """The dotted key of the first floating tensor of ``state`` (a tensor, or dicts / lists / tuples of them: a
+    model's ``state_dict``, an optimizer's state) holding a NaN or an inf; ``None`` when every one is finite.
+    One ``isfinite`` reduction per tensor."""
+    if isinstance(state, torch.Tensor):
+        return prefix or "tensor" if state.is_floating_point() and not bool(torch.isfinite(state).all()) else None
+    items = state.items() if isinstance(state, dict) else enumerate(state) if isinstance(state, (list, tuple)) else ()
+    for key, value in items:
+        found = first_nonfinite(value, f"{prefix}.{key}" if prefix else str(key))
+        if found is not None:
+            return found
+    return None

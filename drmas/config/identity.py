@@ -9,10 +9,12 @@ rewritten) or continued under other settings.
 Not part of the identity (:data:`IGNORED`), because they do not change what a step computes:
 
 - ``name``, ``out_dir``: where the folder is (another name is another run);
-- ``train.device``: CPU or GPU run the same steps (as in the grid runner); ``train.backend``: local, Ray or
-  OpenRLHF execute the same steps (their checkpoints are interchangeable: a run begun on one resumes on another);
+- ``train.device``: CPU or GPU run the same steps (the grid runner's ``--device`` sets it per launch: a run begun
+  on one resumes on the other); ``train.backend``: local, Ray or OpenRLHF execute the same steps (their checkpoints
+  are interchangeable: a run begun on one resumes on another);
 - ``train.threads``: how fast; ``train.save_every``, ``train.keep_previous_checkpoint``: how often and how many
   checkpoints are written (a resumed step is a pure function of seed, step and checkpointed state);
+- ``train.allow_unusual_lr``: lets a config through validation; the learning rates themselves are identity;
 - ``train.loggers``: where the metrics are also sent (TensorBoard, W&B); ``metrics.jsonl`` is always written;
 - ``models.*.resources.checkpoint_dir``: derived from the run folder;
 - ``models.*.rollout.engine``: which loop draws the samples from the same policy. ``fast`` and ``hf`` draw the same
@@ -21,13 +23,18 @@ Not part of the identity (:data:`IGNORED`), because they do not change what a st
   CPU or a GPU, whose float rounding differs as vLLM's does). ``config.yaml`` keeps the engine a run was made with.
 
 ``train.steps`` may grow: a finished or partial run continued to more steps keeps its records, which are the
-first steps of the longer run (:func:`config_changes` lists it only when it shrinks). Everything else that
-differs (estimator, learning rate, seed, batch sizes, evaluation settings, models, agents, ...) is a change.
+first steps of the longer run (:func:`config_changes` lists it only when it shrinks); the trainer resumes it
+from its last checkpoint. Everything else that differs (estimator, learning rate, seed, batch sizes,
+evaluation settings, models, agents, ...) is a change.
 
-The explicit ways past a change are ``drmas train --stale rerun`` (the old files move to
+The explicit ways past a change are ``drmas train --stale rerun`` (:func:`move_aside`: the old files move to
 ``<name>.stale-<k>/``, nothing is deleted, and the run starts afresh) and ``--stale keep`` (continue under the
-new config; the manifest lists the changes it was continued with), as the grid runner's ``--stale``; or
-another ``name``.
+new config; the manifest lists the changes it was continued with); or another ``name``.
+
+This is the one rule for ``drmas train`` and the grid runner (``experiments/grid.py``): the grid applies its
+``--stale`` with :func:`saved_config_changes` and :func:`move_aside` before it starts a run, so a finished run
+whose config differs only in :data:`IGNORED` keys is reused, and one asked for more ``train.steps`` is
+started again and resumes.
 """
 from __future__ import annotations
 
@@ -36,6 +43,7 @@ import itertools
 import json
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 from drmas.config.errors import ConfigError
@@ -44,7 +52,7 @@ from drmas.config.schema import RunConfig
 logger = logging.getLogger(__name__)
 
 IGNORED = ("name", "out_dir", "train.device", "train.backend", "train.threads", "train.save_every", "train.keep_previous_checkpoint",
-           "train.loggers", "train.max_tool_failure_rate", "train.verify_artifacts",
+           "train.allow_unusual_lr", "train.loggers", "train.max_tool_failure_rate", "train.verify_artifacts",
            "models.*.resources.checkpoint_dir", "models.*.rollout.engine")
 """Dotted keys (``*``: any model key) that are not part of a run's identity (see the module docstring)."""
 GROWABLE = ("train.steps",)
@@ -136,17 +144,30 @@ def check_run_folder(cfg: RunConfig, stale: str = "error") -> list[str]:
         logger.warning("run folder %s was made with another config (%s); continued under the new one (--stale keep)",
                        run_dir, listing)
         return changes
-    k = next(i for i in itertools.count(1) if not run_dir.with_name(f"{run_dir.name}.stale-{i}").exists())
-    aside = run_dir.with_name(f"{run_dir.name}.stale-{k}")
-    aside.mkdir()
-    from drmas.locks import HOLDER_NAME, LOCK_NAME
-
-    for entry in run_dir.iterdir():  # the lock (held by this process) stays
-        if entry.name not in (LOCK_NAME, HOLDER_NAME):
-            os.replace(entry, aside / entry.name)
+    aside = move_aside(run_dir)
     logger.warning("run folder %s was made with another config (%s); its files moved to %s (--stale rerun)",
                    run_dir, listing, aside)
     return []
+
+
+def stale_folder(run_dir: Path) -> Path:
+    """The first ``<name>.stale-<k>`` (k = 1, 2, ...) beside ``run_dir`` that does not exist yet."""
+    return next(aside for k in itertools.count(1)
+                if not (aside := run_dir.with_name(f"{run_dir.name}.stale-{k}")).exists())
+
+
+def move_aside(run_dir: Path) -> Path:
+    """Move every file of ``run_dir`` into a new :func:`stale_folder` beside it and return that folder
+    (``--stale rerun`` of ``drmas train`` and of the grid runner): nothing is deleted, and the run starts
+    afresh in ``run_dir``. The folder's lock stays: call it holding that lock."""
+    from drmas.locks import HOLDER_NAME, LOCK_NAME
+
+    aside = stale_folder(run_dir)
+    aside.mkdir()
+    for entry in run_dir.iterdir():
+        if entry.name not in (LOCK_NAME, HOLDER_NAME):
+            os.replace(entry, aside / entry.name)
+    return aside
 
 
 def identity_record(cfg: RunConfig, kept: list[str]) -> dict[str, Any]:

@@ -1,15 +1,17 @@
-"""Reading a run config: YAML files (with ``base:`` includes), ``key.sub=value`` overrides, validation into a
-:class:`~drmas.config.schema.RunConfig`; and writing one back as YAML."""
+"""Reading a run config: YAML files (with ``base:`` includes), ``key.sub=value`` overrides, the config's plug-ins
+imported (:mod:`drmas.plugins`), validation into a :class:`~drmas.config.schema.RunConfig`; and writing one back
+as YAML."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 from pydantic import ValidationError
 
 from drmas.config.errors import ConfigError, format_validation_error
 from drmas.config.schema import RunConfig
+from drmas.plugins import Plugin, PluginError, load_plugins
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -97,8 +99,51 @@ def _unshared(node: Any) -> Any:
     return node
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Read a YAML config (or the defaults), apply overrides, validate. Raises ConfigError."""
+def plugin_registries() -> dict[str, Any]:
+    """The registries a plug-in may add names to, by the word ``drmas config show`` uses for each. Importing them
+    registers the built-ins first, so that only a plug-in's own names are recorded as its registrations."""
+    import envs.math  # noqa: F401  (registers the math environment)
+    import envs.search  # noqa: F401  (registers the search environment)
+    from drmas.agents import AGENT_REGISTRY
+    from drmas.algos import ESTIMATORS
+    from drmas.backends import BACKENDS
+    from drmas.loggers import LOGGERS
+    from drmas.orchestra import ORCHESTRA_REGISTRY
+    from drmas.rollout import ENGINES
+    from drmas.tasks import TASK_SOURCES
+    from envs.base import ENV_REGISTRY
+
+    return {"estimator": ESTIMATORS, "agent": AGENT_REGISTRY, "orchestra": ORCHESTRA_REGISTRY,
+            "task source": TASK_SOURCES, "env": ENV_REGISTRY, "engine": ENGINES, "backend": BACKENDS,
+            "logger": LOGGERS}
+
+
+def import_plugins(entries: Sequence[str]) -> list[Plugin]:
+    """Import the plug-ins ``entries`` (once per process; :func:`drmas.plugins.load_plugins`, relative files from
+    the current directory) and return what each registered. A plug-in that cannot be found or fails to import is
+    a ConfigError naming it."""
+    if not entries:
+        return []
+    try:
+        return load_plugins(entries, registries=plugin_registries())
+    except PluginError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _plugin_entries(data: dict[str, Any], extra: Sequence[str], source: str) -> list[str]:
+    """The config's ``plugins`` with ``extra`` (``--plugin``) appended, each entry once, in order."""
+    written = data.get("plugins")
+    entries = [*([] if written is None else written), *extra] if isinstance(written, (list, type(None))) else written
+    if not isinstance(entries, list) or not all(isinstance(e, str) and e.strip() for e in entries):
+        raise ConfigError(f"invalid config ({source}):\n  plugins: must be a list of module names or .py file paths "
+                          f"(got {entries!r}); fix: write e.g. [my_pkg.estimators, ./my_estimator.py]")
+    return list(dict.fromkeys(entries))
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                plugins: Sequence[str] = ()) -> RunConfig:
+    """Read a YAML config (or the defaults), apply overrides, append ``plugins`` (``--plugin``) to its ``plugins``,
+    import them (:func:`import_plugins`: the names they register are then known), validate. Raises ConfigError."""
     data: dict[str, Any] = {}
     source = "defaults"
     if path is not None:
@@ -108,6 +153,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     for item in overrides or []:
         keys, value = parse_override(item)
         _set_path(data, keys, value, item)
+    data["plugins"] = _plugin_entries(data, plugins, source)
+    import_plugins(data["plugins"])
     try:
         cfg = RunConfig.model_validate(data)
     except ValidationError as err:

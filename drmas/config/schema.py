@@ -82,6 +82,11 @@ class SamplingConfig(Strict):
     max_new_tokens: PositiveInt = Field(48, description="response length limit of one agent call")
 
 
+LR_RANGE = (1e-8, 0.1)
+"""The plausible AdamW learning rates (paper: 1e-6 for 4B-8B models; the CPU presets 5e-5 to 3.2e-3); a value
+outside needs ``train.allow_unusual_lr``."""
+
+
 class OptimConfig(Strict):
     lr: float = Field(1e-4, gt=0, description="AdamW learning rate (paper: 1e-6 for 4B-8B models)")
     warmup_steps: int = Field(0, ge=0, description="linear warm-up of the learning rate, in RL steps")
@@ -313,13 +318,13 @@ class TrainConfig(Strict):
                                      "calls (retrieval queries, grader comparisons) failed after the tool's own retries "
                                      "(docs/reliability.md §7); 1 = never stop")
     backend: str = Field(
-        "local", description="registered backend (drmas.workers.catalog.BACKENDS): local: in-process (CPU default); "
+        "local", description="registered backend (drmas.backends.BACKENDS): local: in-process (CPU default); "
                              "ray: one Ray actor per worker group; openrlhf: DeepSpeed actor groups + vLLM engines in "
                              "one shared GPU pool (docs/gpu.md)")
     @field_validator("backend")
     @classmethod
     def _known_backend(cls, backend: str) -> str:
-        from drmas.workers.catalog import BACKENDS
+        from drmas.backends import BACKENDS
 
         return _registered(backend, BACKENDS.names(), "backend")
 
@@ -339,17 +344,20 @@ class TrainConfig(Strict):
     precision: Literal["fp32", "bf16"] = Field(
         "fp32", description="fp32: everything in float32 (the CPU default); bf16: float32 weights and optimizer "
                             "states, forward passes under bfloat16 autocast (GPU)")
+    allow_unusual_lr: bool = Field(False, description="accept a learning rate (models.*.optim.lr, agents[i].lr, "
+                                   "sft.lr) outside the plausible range LR_RANGE = [1e-8, 0.1]; a value outside it is "
+                                   "usually a typo (1e6 for 1e-6) that destroys the weights")
     loggers: list[str] = Field(["tensorboard"], description="where step and eval metrics go besides metrics.jsonl "
                                "and eval.jsonl (always written): tensorboard (<run>/tb), wandb (<run>/wandb; "
                                "pip install drmas[wandb]; offline unless WANDB_MODE says otherwise, project "
-                               "WANDB_PROJECT or drmas); drmas.trainer.metrics.LOGGERS")
+                               "WANDB_PROJECT or drmas); drmas.loggers.LOGGERS")
 
     @field_validator("loggers")
     @classmethod
     def _known_loggers(cls, loggers: list[str]) -> list[str]:
         import importlib.util
 
-        from drmas.trainer.metrics import LOGGERS
+        from drmas.loggers import LOGGERS
 
         for name in loggers:
             if name != "jsonl":
@@ -377,6 +385,15 @@ class RunConfig(Strict):
     name: str = Field("run", description="run folder name under out_dir: one path component (no '/', not '..')")
     out_dir: str = Field("runs", description="the run directory is out_dir/name; the default, runs/, is git-ignored, so a "
                          "researcher's runs stay apart from the committed results (the grids write there themselves)")
+    plugins: list[str] = Field(
+        default_factory=list, description="the researcher's own modules, imported before the config is validated and "
+                                          "in every process of the run (SFT warm-up workers, Ray actors), so that the "
+                                          "estimators, agent roles, orchestras, task sources, environments, engines, "
+                                          "backends and loggers they register can be named in it: a module name "
+                                          "(my_pkg.estimators; installed or on PYTHONPATH) or a .py file "
+                                          "(./my_estimator.py or absolute; a relative path starts at the current "
+                                          "directory, as every path of a run config). `--plugin X` appends to it; "
+                                          "part of the run's identity (drmas/plugins.py, docs/extending.md)")
 
     @field_validator("name")
     @classmethod
@@ -409,12 +426,27 @@ class RunConfig(Strict):
             raise ValueError(f"models {unused} are defined but no agent uses them; remove them or assign an agent")
         for key in self.models:
             self.effective_optim(key)  # raises on conflicting per-agent overrides
+        self._check_learning_rates()
         self._check_backend()
         self._check_slots()
         for m in self.models.values():  # derived: each run keeps its DeepSpeed states in its own directory
             if m.resources.checkpoint_dir is None:
                 m.resources.checkpoint_dir = str(self.run_dir / "checkpoints" / "deepspeed")
         return self
+
+    def _check_learning_rates(self) -> None:
+        """Every learning rate within :data:`LR_RANGE`, unless ``train.allow_unusual_lr``."""
+        if self.train.allow_unusual_lr:
+            return
+        lo, hi = LR_RANGE
+        fields = {**{f"models.{k}.optim.lr": m.optim.lr for k, m in self.models.items()},
+                  **{f"agents[{i}].lr": a.lr for i, a in enumerate(self.agents) if a.lr is not None},
+                  "sft.lr": self.sft.lr}
+        for field, lr in fields.items():
+            if not lo <= lr <= hi:
+                raise ValueError(f"{field}={lr:g} is outside the plausible range [{lo:g}, {hi:g}] of an AdamW learning "
+                                 "rate (a typo such as 1e6 for 1e-6 destroys the weights); fix it, or set "
+                                 "train.allow_unusual_lr=true to run it anyway")
 
     def _check_slots(self) -> None:
         """One agent per slot of the orchestra (``agents[i].name`` is the slot). An empty ``agents`` list is
@@ -431,9 +463,9 @@ class RunConfig(Strict):
 
     def _check_backend(self) -> None:
         """The models, agents and algorithm ask only for what the backend can do (its
-        :class:`~drmas.workers.catalog.Capabilities`): its rollout engines, a checkpoint per model, one
+        :class:`~drmas.backends.Capabilities`): its rollout engines, a checkpoint per model, one
         temperature per model, a reference model, the loss aggregation."""
-        from drmas.workers.catalog import BACKENDS
+        from drmas.backends import BACKENDS
 
         backend = self.train.backend
         caps = BACKENDS.get(backend).capabilities

@@ -1,5 +1,4 @@
-"""Metrics of one RL step and of an evaluation, and the sink that writes them (JSONL, always; the loggers of
-``train.loggers``: TensorBoard, W&B).
+"""Metrics of one RL step and of an evaluation (where they are written: :mod:`drmas.loggers`).
 
 Logged keys (every step; ``{k}`` = agent name, ``{m}`` = worker group / model key):
 
@@ -66,17 +65,12 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import secrets
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from drmas.algos import SpikeDetector, class_factors, lemma_factors, step_classes
-from drmas.io import append_jsonl, atomic_write_text, read_jsonl_lines, write_jsonl
-from drmas.registry import Registry
+from drmas.algos import GLOBAL_BASELINES, SpikeDetector, class_factors, lemma_factors, step_classes
 from drmas.step_table import StepTable
 from drmas.trainer.collect import Collected
 
@@ -84,10 +78,6 @@ if TYPE_CHECKING:  # the type only: the metrics do not depend on the orchestras
     from drmas.orchestra.base import Orchestra
 
 logger = logging.getLogger(__name__)
-
-
-GLOBAL_BASELINES = ("trajectory_grpo", "pooled_grpo")
-"""Estimators whose baseline is logged as ``lemma_factor_{b}`` in every run, for comparison."""
 
 
 def _agent_reward_stats(table: StepTable, traj_reward: np.ndarray, traj_task: np.ndarray) -> dict[str, float]:
@@ -132,9 +122,11 @@ def _class_stats(table: StepTable) -> dict[str, float]:
     return out
 
 
-def step_metrics(table: StepTable, rollout: Collected, update: dict[str, dict[str, Any]],
-                 timings: dict[str, float], spikes: dict[str, SpikeDetector], estimator: str,
-                 orchestra: Orchestra | None = None) -> dict[str, Any]:
+def step_metrics(rollout: Collected, update: dict[str, dict[str, Any]], estimator: str) -> dict[str, Any]:
+    """The step's batch and update keys (rewards, per-agent statistics, Lemma and class factors, the worker
+    groups' update metrics), from its rollout (``rollout.table``: the step table, advantages assigned) and each
+    worker group's update metrics. The trainer adds :func:`spike_metrics`, then :func:`closing_metrics`."""
+    table = rollout.table
     n_traj = len(rollout.traj_reward)
     m: dict[str, Any] = {
         "reward/mean": float(rollout.traj_reward.mean()), "reward/std": float(rollout.traj_reward.std()),
@@ -166,16 +158,32 @@ def step_metrics(table: StepTable, rollout: Collected, update: dict[str, dict[st
                 m[f"agent/{name}/{stat.removeprefix('agent_')}"] = value
             else:
                 m[f"wg/{wg}/{key}"] = value
+    return m
+
+
+def spike_metrics(spikes: dict[str, SpikeDetector], metrics: dict[str, Any]) -> dict[str, Any]:
+    """``.../spike_ratio`` and ``.../spike`` of every agent and worker group whose gradient norm ``metrics``
+    holds. Advances each detector by this step (a detector's history is the trainer's state, checkpointed)."""
+    out: dict[str, Any] = {}
     for name, det in spikes.items():
-        key = f"agent/{name}/grad_norm" if f"agent/{name}/grad_norm" in m else f"wg/{name}/grad_norm"
-        if key in m:
-            ratio, spike = det.update(float(m[key]))
+        key = f"agent/{name}/grad_norm" if f"agent/{name}/grad_norm" in metrics else f"wg/{name}/grad_norm"
+        if key in metrics:
+            ratio, spike = det.update(float(metrics[key]))
             prefix = key.rsplit("/", 1)[0]
-            m[f"{prefix}/spike_ratio"] = ratio
-            m[f"{prefix}/spike"] = int(spike)
+            out[f"{prefix}/spike_ratio"] = ratio
+            out[f"{prefix}/spike"] = int(spike)
+    return out
+
+
+def closing_metrics(rollout: Collected, update: dict[str, dict[str, Any]], timings: dict[str, float],
+                    metrics: dict[str, Any], orchestra: Orchestra | None = None) -> dict[str, Any]:
+    """The step's last keys: 0 calls for a slot nobody called (absent from ``metrics``), the non-finite and
+    skipped counts, the orchestra's behaviour keys and the timings."""
+    table, n_traj = rollout.table, len(rollout.traj_reward)
+    m: dict[str, Any] = {}
     if orchestra is not None:  # a slot nobody called this step: 0 calls (its other keys are absent)
-        for name in orchestra.slots:
-            m.setdefault(f"agent/{name}/calls_per_traj", 0.0)
+        m.update({key: 0.0 for name in orchestra.slots
+                  if (key := f"agent/{name}/calls_per_traj") not in metrics})
     norms = [float(v) for wg in update for k, v in update[wg].items() if k == "grad_norm"]
     m["train/nonfinite"] = int(sum(not math.isfinite(v) for v in norms))
     m["train/skipped"] = int(sum(float(update[wg].get("skipped", 0.0)) for wg in update))
@@ -207,134 +215,3 @@ def tool_metrics(counts: dict[str, tuple[int, int]]) -> dict[str, int]:
     """``tools/{tool}/calls`` and ``tools/{tool}/failures`` of one step from (calls, failures) per tool."""
     return {f"tools/{tool}/{what}": int(n) for tool, (calls, failures) in counts.items()
             for what, n in (("calls", calls), ("failures", failures))}
-
-
-REFERENCE_ACTOR_KEYS = {"grad_norm": "grad_norm", "loss": "pg_loss", "clip_frac": "pg_clipfrac", "entropy": "entropy",
-                        "approx_kl_old": "ppo_kl", "lr": "lr"}
-"""drmas's ``wg/{m}/{key}`` -> the reference code's (verl) ``actor/{m}/{name}``, logged beside drmas's keys to W&B."""
-
-
-def reference_names(metrics: dict[str, Any]) -> dict[str, Any]:
-    """The reference code's per-model names of ``metrics``' worker-group keys: ``wg/{m}/grad_norm`` ->
-    ``actor/{m}/grad_norm``, ``wg/{m}/loss`` -> ``actor/{m}/pg_loss``, ... (:data:`REFERENCE_ACTOR_KEYS`)."""
-    out = {}
-    for key, value in metrics.items():
-        parts = key.split("/")
-        if len(parts) == 3 and parts[0] == "wg" and parts[2] in REFERENCE_ACTOR_KEYS:
-            out[f"actor/{parts[1]}/{REFERENCE_ACTOR_KEYS[parts[2]]}"] = value
-    return out
-
-
-def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
-    """The finite numbers of ``metrics`` (what a scalar logger can plot)."""
-    return {k: v for k, v in metrics.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
-
-
-def _eval_scalars(record: dict[str, Any]) -> dict[str, float]:
-    return {f"eval/{record['benchmark']}/avg@{record['k']}": record["avg"],
-            f"eval/{record['benchmark']}/pass@{record['k']}": record["pass"]}
-
-
-LOGGERS: Registry[Callable[..., Any]] = Registry("metrics logger")
-"""Loggers a run writes to beside metrics.jsonl / eval.jsonl (``train.loggers``). Each is built as
-``factory(run_dir=, run_name=, config=)`` and has ``log_step(step, metrics)``, ``log_eval(record)`` and ``close()``."""
-
-
-@LOGGERS.register("tensorboard")
-class TensorBoardLogger:
-    """TensorBoard events in ``<run>/tb`` (nothing when tensorboard is not installed)."""
-
-    def __init__(self, run_dir: Path, run_name: str = "", config: dict[str, Any] | None = None):
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:  # tensorboard is optional
-            self._tb = None
-            return
-        self._tb = SummaryWriter(str(Path(run_dir) / "tb"))
-
-    def log_step(self, step: int, metrics: dict[str, Any]) -> None:
-        for key, value in _scalars(metrics).items() if self._tb else ():
-            self._tb.add_scalar(key, value, step)
-
-    def log_eval(self, record: dict[str, Any]) -> None:
-        for key, value in _eval_scalars(record).items() if self._tb else ():
-            self._tb.add_scalar(key, value, record["step"])
-
-    def close(self) -> None:
-        if self._tb:
-            self._tb.close()
-
-
-@LOGGERS.register("wandb")
-class WandbLogger:
-    """A Weights & Biases run in ``<run>/wandb`` (``pip install drmas[wandb]``): offline unless ``WANDB_MODE``
-    says otherwise (``WANDB_MODE=online`` with ``wandb login``; ``wandb sync <run>/wandb/offline-run-*``
-    uploads an offline run later). Project ``WANDB_PROJECT`` (default ``drmas``), run name = the config's
-    ``name`` (``run_name``). Logs drmas's keys and the reference code's ``actor/{m}/...`` names (:func:`reference_names`).
-    A resumed run continues the same W&B run: its id is kept in ``<run>/wandb/run_id`` (``resume="allow"``)."""
-
-    def __init__(self, run_dir: Path, run_name: str = "", config: dict[str, Any] | None = None):
-        import wandb
-
-        id_file = Path(run_dir) / "wandb" / "run_id"
-        run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)  # W&B ids: [a-z0-9]
-        id_file.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(id_file, run_id + "\n")
-        self._run = wandb.init(project=os.environ.get("WANDB_PROJECT", "drmas"), name=run_name or None,
-                               dir=str(run_dir), config=config or {}, mode=os.environ.get("WANDB_MODE", "offline"),
-                               id=run_id, resume="allow", reinit="create_new")
-
-    def log_step(self, step: int, metrics: dict[str, Any]) -> None:
-        self._run.log(_scalars({**metrics, **reference_names(metrics)}), step=step)
-
-    def log_eval(self, record: dict[str, Any]) -> None:
-        self._run.log(_eval_scalars(record), step=record["step"])
-
-    def close(self) -> None:
-        self._run.finish()
-
-
-class MetricsSink:
-    """``metrics.jsonl`` (one line per step) and ``eval.jsonl`` in the run dir, always; and every logger of
-    ``loggers`` (:data:`LOGGERS`: TensorBoard, W&B), built on first use."""
-
-    def __init__(self, run_dir: Path, loggers: Sequence[str] = ("tensorboard",), name: str = "",
-                 config: dict[str, Any] | None = None):
-        self.run_dir = Path(run_dir)
-        self.metrics_path = self.run_dir / "metrics.jsonl"
-        self.eval_path = self.run_dir / "eval.jsonl"
-        self._names = [n for n in loggers if n != "jsonl"]  # JSONL is always written
-        self._kwargs = {"run_dir": self.run_dir, "run_name": name, "config": config}
-        self._loggers: list[Any] | None = None
-
-    def _open(self) -> list[Any]:
-        if self._loggers is None:
-            self._loggers = [LOGGERS.build(n, **self._kwargs) for n in self._names]
-        return self._loggers
-
-    def write_step(self, step: int, metrics: dict[str, Any]) -> None:
-        append_jsonl(self.metrics_path, {"step": step, **metrics})
-        for lg in self._open():
-            lg.log_step(step, metrics)
-
-    def write_eval(self, record: dict[str, Any]) -> None:
-        append_jsonl(self.eval_path, record)
-        for lg in self._open():
-            lg.log_eval(record)
-
-    def truncate(self, after_step: int) -> None:
-        """Drop records a resumed run rewrites, atomically (write a copy, then rename it over the file):
-        step records of steps > ``after_step``, and evaluation records after the checkpoint the run resumes
-        from (the checkpoint at step s = after_step + 1 follows the evaluation at s; a run resumed from no
-        checkpoint, s = 0, evaluates step 0 again). A torn last line (a killed append) is dropped."""
-        limits = ((self.metrics_path, after_step), (self.eval_path, after_step + 1 if after_step >= 0 else -1))
-        for path, limit in limits:
-            if not path.exists():
-                continue
-            write_jsonl(path, [line for line, rec in read_jsonl_lines(path) if rec.get("step", -1) <= limit])
-
-    def close(self) -> None:
-        for lg in self._loggers or []:
-            lg.close()
-        self._loggers = None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import sys
 import time
 from contextlib import contextmanager
@@ -23,33 +22,26 @@ import numpy as np
 import torch
 
 from drmas.agents import make_agent
-from drmas.algos import SpikeDetector, compute_advantages
-from drmas.checkpoints import (MANIFEST_NAME, CheckpointDamaged, read_manifest, verify_artifact, verify_checkpoint,
-                               write_manifest)
+from drmas.algos import SpikeDetector, compute_advantages, step_classes
+from drmas.checkpoints import verify_artifact
 from drmas.config import RunConfig, dump_config
-from drmas.config.identity import check_run_folder, identity_record
-from drmas.io import WriteFailed, atomic_write_json, atomic_write_text
-from drmas.locks import folder_lock
+from drmas.config.identity import identity_record
+from drmas.io import atomic_write_json, atomic_write_text
 from drmas.devices import describe, resolve_device
 from drmas.orchestra import make_orchestra
 from drmas.rollout.base import SamplingParams
-from drmas.trainer.metrics import MetricsSink, evaluation_metrics, step_metrics, tool_metrics
+from drmas.loggers import MetricsSink
+from drmas.trainer.metrics import closing_metrics, evaluation_metrics, spike_metrics, step_metrics, tool_metrics
 from drmas.trainer.collect import AgentSlot, Collected, collect
+from drmas.trainer.health import (DegenerateWatch, NonFiniteStop, NonFiniteWeights, WorkerGroupLost, identical_samples,
+                                  nonfinite_models)
+from drmas.trainer.run_folder import RunCheckpoints, claim_run_folder
 from drmas.tasks import ToolFailure, make_task_source
 from drmas.workers.base import WorkerDied, make_backend
-from drmas.workers.catalog import BACKENDS
-from drmas.workers.policy import UpdateBatch, WorkerSpec
+from drmas.backends import BACKENDS
+from drmas.workers.base import UpdateBatch, WorkerSpec
 
 logger = logging.getLogger(__name__)
-
-
-class NonFiniteStop(RuntimeError):
-    """Raised after too many consecutive steps with a non-finite gradient (a checkpoint is written)."""
-
-
-class WorkerGroupLost(RuntimeError):
-    """Raised when a worker group died again after ``Trainer.max_worker_restarts`` restarts; the run's
-    records end at its last checkpoint, from which the same command resumes."""
 
 
 def _sampling(cfg) -> SamplingParams:
@@ -70,8 +62,8 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.source = make_task_source(cfg.env.name, **cfg.env.args)
         self.orchestra = make_orchestra(cfg.env.orchestra, **cfg.env.orchestra_args)
-        agent_names = {a.name for a in cfg.agents}
-        if agent_names != set(self.orchestra.slots):
+        agent_names = [a.name for a in cfg.agents]  # config order: the order of the logged spike keys
+        if set(agent_names) != set(self.orchestra.slots):
             raise ValueError(f"orchestra {cfg.env.orchestra!r} needs agents named {list(self.orchestra.slots)}, "
                              f"the config defines {sorted(agent_names)}; rename or add agents")
         self.slots = {a.name: AgentSlot(make_agent(a.role, a.name), a.model, _sampling(a.sampling)) for a in cfg.agents}
@@ -85,10 +77,13 @@ class Trainer:
                  for i, (key, m) in enumerate(cfg.models.items())}
         self.backend = make_backend(cfg.train.backend, specs)
         self.capabilities = BACKENDS.get(cfg.train.backend).capabilities
+        self.checkpoints = RunCheckpoints(self.run_dir, verify=cfg.train.verify_artifacts,
+                                          keep_previous=cfg.train.keep_previous_checkpoint)
         self.sink = MetricsSink(self.run_dir, cfg.train.loggers, name=cfg.name, config=cfg.model_dump(mode="json"))
         self.spikes = {name: SpikeDetector() for name in [*cfg.models, *agent_names]}
         self.invalid_penalties = cfg.invalid_penalties()
         self.consecutive_nonfinite = 0
+        self.degenerate = DegenerateWatch()
         self.step = 0
 
     # -------------------------------------------------------------------------------- one RL step
@@ -117,8 +112,26 @@ class Trainer:
         with _timed(timings, "update"):
             update = self.backend.update({wg: self._update_batch(table, wg) for wg in cfg.models},
                                          step_seed=cfg.train.seed * 7919 + step)
-        return {**step_metrics(table, rollout, update, timings, self.spikes, cfg.algo.estimator,
-                                 self.orchestra), **tool_metrics(tools)}
+        self._check_weights(update, step)
+        metrics = step_metrics(rollout, update, cfg.algo.estimator)
+        metrics.update(spike_metrics(self.spikes, metrics))  # advances the spike detectors by this step
+        metrics.update(closing_metrics(rollout, update, timings, metrics, self.orchestra))
+        self.degenerate.observe(step, metrics, identical_samples(
+            table.task, table.traj, step_classes(table.task, table.agent, table.prompt_ids, table.response_ids)))
+        return {**metrics, **tool_metrics(tools)}
+
+    def _check_weights(self, update: dict[str, dict[str, Any]], step: int) -> None:
+        """Stop before step ``step`` is recorded when an update left a model's weights non-finite."""
+        bad = nonfinite_models(update)
+        if bad:
+            last = self.checkpoints.last_step()
+            where = (f"the last checkpoint is {self.ckpt_dir} (step {last})" if last is not None
+                     else "there is no checkpoint yet")
+            lrs = ", ".join(f"{wg} lr={self.cfg.effective_optim(wg).lr:g}" for wg in bad)
+            raise NonFiniteWeights(f"model {', '.join(bad)}: the weights are non-finite (NaN/inf) after the update of "
+                                   f"step {step} ({lrs}); stopped before recording step {step}: the records in "
+                                   f"{self.run_dir / 'metrics.jsonl'} end at step {step - 1} and {where}. Lower the "
+                                   "learning rate, or check the rewards and the checkpoint the run started from")
 
     def _tool_check(self, before: dict[str, Any], what: str) -> dict[str, tuple[int, int]]:
         """(calls, failures) per tool since ``before``; raises :class:`ToolFailure` when a tool's failure
@@ -130,8 +143,8 @@ class Trainer:
             failures = now.failures - (before[tool].failures if tool in before else 0)
             out[tool] = (calls, failures)
             if calls and failures / calls > limit:
-                ckpt = read_manifest(self.ckpt_dir)
-                where = f"the last checkpoint is step {ckpt.get('step')}" if ckpt else "there is no checkpoint yet"
+                last = self.checkpoints.last_step()
+                where = f"the last checkpoint is step {last}" if last is not None else "there is no checkpoint yet"
                 raise ToolFailure(f"{what}: {tool} failed on {failures} of {calls} calls ({failures / calls:.0%} > "
                                   f"train.max_tool_failure_rate={limit:g}; last error: {now.last_error}); stopped "
                                   f"before recording or learning from it ({where}); fix the tool and run the same "
@@ -174,9 +187,9 @@ class Trainer:
         """Resume (or start), run the remaining steps, evaluate and checkpoint at the end, write ``DONE``.
         A dead worker group is replaced and the run goes on from its last checkpoint (deterministic, so
         the records are those of an uninterrupted run), at most ``max_worker_restarts`` times."""
-        with folder_lock(self.run_dir, "run folder"):  # a second writer of this run stops at once
-            kept = check_run_folder(self.cfg, self.stale)  # records made with another config are not relabelled
+        with claim_run_folder(self.cfg, self.stale) as kept:  # one writer; records of another config are not relabelled
             self.source.check_tools()  # a retrieval server that does not answer stops the run before step 0
+            self.sink.open()  # so does a logger that cannot start
             self._write_manifest(kept)
             restarts = 0
             while True:
@@ -186,14 +199,16 @@ class Trainer:
                 except WorkerDied as exc:
                     restarts += 1
                     self._replace_workers(exc, restarts)
-            atomic_write_json(self.run_dir / "DONE", {"steps": self.cfg.train.steps, "time": time.time()})
+            causes = list(self.degenerate.causes.values())
+            atomic_write_json(self.run_dir / "DONE", {"steps": self.cfg.train.steps, "time": time.time(),
+                                                      **({"degenerate": causes} if causes else {})})
         self.sink.close()
         return last
 
     def _replace_workers(self, exc: WorkerDied, restarts: int) -> None:
         """After a worker group died: fresh workers and trainer state, to be resumed from the last
         checkpoint; or, past the restart budget (or on a backend that cannot restart), stop."""
-        ckpt = self._checkpoint_step()
+        ckpt = self.checkpoints.recover()
         where = f"its last checkpoint (step {ckpt}) is {self.ckpt_dir}" if ckpt else "it has no checkpoint yet"
         if restarts > self.max_worker_restarts or not self.capabilities.restart:
             self.sink.close()
@@ -205,6 +220,7 @@ class Trainer:
         self.backend.restart()
         self.spikes = {name: SpikeDetector() for name in self.spikes}
         self.consecutive_nonfinite = 0
+        self.degenerate = DegenerateWatch()
 
     def _run(self, start: int, progress: bool) -> dict[str, Any]:
         """Steps ``start`` .. ``train.steps`` - 1 with their evaluations and checkpoints, then the final
@@ -249,97 +265,26 @@ class Trainer:
     # ------------------------------------------------------------------------------ checkpoints
     @property
     def ckpt_dir(self) -> Path:
-        return self.run_dir / "checkpoints" / "latest"
+        return self.checkpoints.latest
 
     def _checkpoint(self, step: int) -> None:
-        """Write ``latest.tmp/`` (worker states, ``trainer.json``, then the sha256 manifest, last), then
-        rotate: ``latest`` -> ``latest.old``, ``latest.tmp`` -> ``latest``; ``latest.old`` is removed unless
-        ``train.keep_previous_checkpoint``."""
-        tmp = self.ckpt_dir.with_name("latest.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
+        """Checkpoint the worker groups and the trainer's own state (step, non-finite streak, spike
+        detectors) at ``step`` (:meth:`RunCheckpoints.write`)."""
         trainer_state = {"step": step, "consecutive_nonfinite": self.consecutive_nonfinite,
-                         "spikes": {k: (list(d.history), d.count) for k, d in self.spikes.items()}}
-        states = self.backend.get_states()  # outside the try: a worker that died is WorkerDied, not a write error
-        try:
-            tmp.mkdir(parents=True)
-            for key, state in states.items():
-                torch.save(state, tmp / f"worker_{key}.pt")
-            atomic_write_text(tmp / "trainer.json", json.dumps(trainer_state))
-            write_manifest(tmp, step=step)  # last: a folder with a manifest is complete
-        except (OSError, RuntimeError) as exc:  # a full disk: torch.save raises RuntimeError ("file write failed")
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise WriteFailed(f"{tmp}: the checkpoint of step {step} could not be written ({_write_cause(exc, tmp)}); "
-                              f"{self._kept_checkpoint()}; free space and run the same command again to resume",
-                              getattr(exc, "errno", None)) from exc
-        old = self.ckpt_dir.with_name("latest.old")
-        shutil.rmtree(old, ignore_errors=True)
-        if self.ckpt_dir.exists():
-            self.ckpt_dir.rename(old)
-        tmp.rename(self.ckpt_dir)
-        if not self.cfg.train.keep_previous_checkpoint:
-            shutil.rmtree(old, ignore_errors=True)
-        logger.info("checkpoint at step %d -> %s", step, self.ckpt_dir)
-
-    def _kept_checkpoint(self) -> str:
-        """What a failed checkpoint write left: the previous checkpoint and the records, as they were."""
-        manifest = read_manifest(self.ckpt_dir)
-        where = (f"the previous checkpoint {self.ckpt_dir} (step {manifest.get('step')}) is intact" if manifest
-                 else "there is no previous checkpoint")
-        return f"{where}, and every complete record in {self.run_dir} is kept"
-
-    def _checkpoint_step(self) -> int:
-        """Step of the checkpoint the run resumes from (0: none), after verifying it.
-
-        A folder is complete once its manifest (written last) parses. A run killed inside ``_checkpoint``
-        leaves ``latest.tmp`` and/or ``latest.old``; with no ``latest``, the newest complete one of them is
-        moved back. A ``latest`` that fails verification raises :class:`CheckpointDamaged` naming the file,
-        unless a verified ``latest.old`` is kept (``train.keep_previous_checkpoint``): then the damaged one is
-        moved to ``latest.damaged-N`` and the run resumes from the previous one, with a warning."""
-        latest, tmp, old = self.ckpt_dir, self.ckpt_dir.with_name("latest.tmp"), self.ckpt_dir.with_name("latest.old")
-        if latest.exists() and not (latest / MANIFEST_NAME).exists() and (latest / "trainer.json").is_file():
-            if self.cfg.train.verify_artifacts:
-                raise CheckpointDamaged(f"{latest} has no {MANIFEST_NAME}, so it cannot be verified; delete it to "
-                                        "start from step 0, or set train.verify_artifacts=false to load it unverified")
-            logger.warning("%s has no %s: loaded unverified (train.verify_artifacts=false)", latest, MANIFEST_NAME)
-            try:
-                return int(json.loads((latest / "trainer.json").read_text())["step"])
-            except (ValueError, KeyError, TypeError) as exc:
-                raise CheckpointDamaged(f"{latest / 'trainer.json'}: unreadable ({exc})") from None
-        if latest.exists():
-            try:
-                return int(verify_checkpoint(latest)["step"])
-            except CheckpointDamaged as exc:
-                if read_manifest(old) is None:
-                    raise CheckpointDamaged(f"{exc}; no previous checkpoint is kept (train.keep_previous_checkpoint="
-                                            f"false): restore the file, or delete {latest} to start from step 0"
-                                            ) from None
-                verify_checkpoint(old)  # raises if the previous one is damaged too
-                k = next(i for i in range(1, 10_000) if not latest.with_name(f"latest.damaged-{i}").exists())
-                latest.rename(latest.with_name(f"latest.damaged-{k}"))
-                old.rename(latest)
-                step = int(read_manifest(latest)["step"])
-                logger.warning("%s; falling back to the previous checkpoint (step %d); the damaged one is kept as "
-                               "latest.damaged-%d", exc, step, k)
-                return step
-        complete = {p: int(m["step"]) for p in (tmp, old) if (m := read_manifest(p)) is not None}
-        if not complete:
-            return 0
-        newest = max(complete, key=complete.get)
-        verify_checkpoint(newest)
-        newest.rename(latest)
-        logger.warning("recovered the checkpoint of step %d from %s (a run was killed while checkpointing)",
-                       complete[newest], newest)
-        return complete[newest]
+                         "spikes": {k: (list(d.history), d.count) for k, d in self.spikes.items()},
+                         "degenerate": self.degenerate.state()}
+        states = self.backend.get_states()  # before writing: a worker that died is WorkerDied, not a write error
+        self.checkpoints.write(step, states, trainer_state)
 
     def load_checkpoint(self) -> int:
         """Restore workers and trainer state from ``checkpoints/latest`` after verifying it against its
-        manifest; returns its step (0 if none)."""
-        if not self._checkpoint_step():
+        manifest (:meth:`RunCheckpoints.recover`); returns its step (0 if none)."""
+        if not self.checkpoints.recover():
             return 0
-        state = json.loads((self.ckpt_dir / "trainer.json").read_text())
-        self.backend.set_states({key: torch.load(self.ckpt_dir / f"worker_{key}.pt", weights_only=False)
-                                 for key in self.cfg.models})
+        state, worker_states = self.checkpoints.load(list(self.cfg.models))
+        self.backend.set_states(worker_states)
         self.consecutive_nonfinite = state["consecutive_nonfinite"]
+        self.degenerate.load(state.get("degenerate"))
         for k, (hist, count) in state["spikes"].items():
             self.spikes[k].history.extend(hist)
             self.spikes[k].count = count
@@ -382,19 +327,6 @@ def _read_json(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def _write_cause(exc: BaseException, path: Path) -> str:
-    """Why a write under ``path`` failed, in words: the errno's text, or (torch.save names neither path nor
-    cause) its first line and the space left on that filesystem."""
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    try:
-        free = shutil.disk_usage(path.parent if path.parent.exists() else path.parent.parent).free
-    except OSError:
-        return first
-    return f"no space left on device: {free} bytes free ({first})" if free < 1 << 20 else first
 
 
 @contextmanager

@@ -17,6 +17,7 @@ import fcntl
 import logging
 import multiprocessing
 import os
+import signal
 from contextlib import contextmanager
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from drmas.agents import AgentView, make_agent
 from drmas.checkpoints import build_record, check_base_checkpoint, verify_artifact, write_manifest
 from drmas.config import RunConfig
 from drmas.io import atomic_folder
+from drmas.plugins import init_worker, loaded_plugins
 from drmas.tasks import TASK_SOURCES, TaskSource, make_task_source
 from envs.base import Task
 
@@ -156,7 +158,10 @@ def _warmup_locked(cfg: RunConfig, progress: bool) -> dict[str, Any]:
         return dict(_run_sft_job(job, progress) for job in jobs)
     # one process per checkpoint (1 torch thread each): two checkpoints on 2 cores take the time of one
     logger.info("SFT warm-up of %d checkpoints in %d parallel processes", len(jobs), workers)
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    # a worker ends with the warm-up's process, even one killed by SIGKILL (no orphan keeps training), and imports
+    # the plug-ins this process imported (their agent roles, task sources and classes are known there too)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=init_worker,
+                             initargs=(os.getpid(), signal.SIGKILL, loaded_plugins())) as pool:
         return dict(pool.map(_run_sft_job, jobs, [False] * len(jobs)))
 
 

@@ -1,19 +1,51 @@
-"""The execution layer's contract: what the trainer asks of a backend (:class:`Backend`), the one thing that
-generates for an agent call (:class:`Generator`), :class:`WorkerDied`, and :func:`make_backend`.
+"""The execution layer's contract: what the trainer asks of a backend (:class:`Backend`), what it hands each
+worker group (:class:`WorkerSpec` to build it, :class:`UpdateBatch` to update it), the one thing that generates
+for an agent call (:class:`Generator`), :class:`WorkerDied`, and :func:`make_backend`.
 
 A backend runs the worker groups (one policy model + its optimizer each, :mod:`drmas.workers.policy`): it
 generates for the orchestra's agent calls and updates each group on its own rows. Which backends exist and
-what each can do is :mod:`drmas.workers.catalog`.
+what each can do is :mod:`drmas.backends`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from drmas.workers.catalog import BACKENDS
+import numpy as np
 
-if TYPE_CHECKING:  # annotations only: drmas.workers.policy imports torch and drmas.config
+from drmas.backends import BACKENDS
+
+if TYPE_CHECKING:  # annotations only
+    from drmas.config import AlgoConfig, ModelConfig, OptimConfig
     from drmas.rollout.base import Generation, SamplingParams
-    from drmas.workers.policy import UpdateBatch, WorkerSpec
+
+
+@dataclass
+class UpdateBatch:
+    """The rows of one worker group for one RL step (from the step table)."""
+
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    advantages: np.ndarray  # float [n]
+    agents: np.ndarray  # str [n]
+    temperature: np.ndarray  # float [n]: the sampling temperature each row was generated with
+    control_tags: np.ndarray | None = None  # str [n]: each row's agent's control tag (Agent.control_tag); None: none
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker needs to build itself (picklable, so a Ray actor can build it remotely)."""
+
+    key: str
+    model: ModelConfig
+    optim: OptimConfig
+    algo: AlgoConfig
+    seed: int
+    threads: int = 0
+    device: str = "cpu"
+    """``train.device``: auto, cpu, cuda or cuda:<i>, resolved in the worker's own process"""
+    precision: str = "fp32"
+    """``train.precision``: fp32 or bf16 (autocast of the forward passes)"""
 
 
 class WorkerDied(RuntimeError):

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from drmas.workers.policy import PolicyWorker, UpdateBatch, WorkerSpec
+from drmas.workers.base import UpdateBatch, WorkerSpec
+from drmas.workers.policy import PolicyWorker
 
 
 class LocalBackend:

@@ -31,50 +31,23 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from drmas.algos import AgentGradNorms, PolicyLossConfig, control_positions, policy_loss
-from drmas.config import AlgoConfig, ModelConfig, OptimConfig
+from drmas.algos import AgentGradNorms, PolicyLossConfig, control_positions, first_nonfinite, policy_loss
+from drmas.checkpoints import CheckpointDamaged
 from drmas.devices import autocast, resolve_device
 from drmas.models.logprobs import (batch_logprobs, group_prompts, make_batch, make_shared_prefix_batch,
                                    shared_prefix_logprobs, shared_prompt_groups)
 from drmas.rollout.base import Generation, SamplingParams, make_engine
+from drmas.workers.base import UpdateBatch, WorkerSpec
 from drmas.workers.minibatch import MicroBatch, plan_minibatches, reduce_step_metrics
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class UpdateBatch:
-    """The rows of one worker group for one RL step (from the step table)."""
-
-    prompt_ids: list[list[int]]
-    response_ids: list[list[int]]
-    advantages: np.ndarray  # float [n]
-    agents: np.ndarray  # str [n]
-    temperature: np.ndarray  # float [n]: the sampling temperature each row was generated with
-    control_tags: np.ndarray | None = None  # str [n]: each row's agent's control tag (Agent.control_tag); None: none
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """Everything a worker needs to build itself (picklable, so a Ray actor can build it remotely)."""
-
-    key: str
-    model: ModelConfig
-    optim: OptimConfig
-    algo: AlgoConfig
-    seed: int
-    threads: int = 0
-    device: str = "cpu"
-    """``train.device``: auto, cpu, cuda or cuda:<i>, resolved in the worker's own process"""
-    precision: str = "fp32"
-    """``train.precision``: fp32 or bf16 (autocast of the forward passes)"""
 
 
 def _update_norm(params, before: list[torch.Tensor]) -> float:
@@ -101,6 +74,11 @@ class PolicyWorker:
                              "SFT warm-up first (`drmas sft`, or `drmas train` does it for a missing path)")
         self.device = resolve_device(spec.device)
         self.model, self.tokenizer = load_policy(spec.model.path, device=self.device)
+        bad = first_nonfinite(self.model.state_dict())
+        if bad is not None:  # a NaN would surface later as a raw sampling error naming no file
+            raise CheckpointDamaged(f"{spec.model.path}: parameter {bad} of model {spec.key!r} holds non-finite values "
+                                    f"(NaN/inf); use another checkpoint (models.{spec.key}.path), or delete it so the "
+                                    "SFT warm-up makes it again")
         self.model.train()
         o = spec.optim
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)

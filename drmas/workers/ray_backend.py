@@ -7,9 +7,11 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from drmas.devices import resolve_device
+from drmas.plugins import load_plugins, loaded_plugins
 from drmas.rollout.base import Generation, SamplingParams
 from drmas.workers.base import ray_get
-from drmas.workers.policy import PolicyWorker, UpdateBatch, WorkerSpec
+from drmas.workers.base import UpdateBatch, WorkerSpec
+from drmas.workers.policy import PolicyWorker
 
 logger = logging.getLogger(__name__)
 
@@ -22,6 +24,16 @@ class _RayGenerator:
 
     def generate(self, prompts: list[str], sampling: SamplingParams, seed: int | None = None) -> Generation:
         return ray_get(self.key, self.actor.generate.remote(prompts, sampling, seed))
+
+
+class _PolicyActor(PolicyWorker):
+    """A worker group's :class:`PolicyWorker` in its Ray actor: it imports the run's plug-ins (the targets the
+    driver loaded, :func:`drmas.plugins.loaded_plugins`) before it builds the worker, so a plug-in's engines and
+    classes are known in the actor too."""
+
+    def __init__(self, spec: WorkerSpec, plugins: tuple[str, ...]):
+        load_plugins(plugins)
+        super().__init__(spec)
 
 
 class RayBackend:
@@ -46,11 +58,11 @@ class RayBackend:
             specs = {key: replace(spec, device="cuda") for key, spec in specs.items()}
         self.pg = placement_group([{"CPU": cpus, **({"GPU": gpus} if gpus else {})} for _ in specs], strategy="PACK")
         ray.get(self.pg.ready(), timeout=120)
-        actor_cls = ray.remote(PolicyWorker)
-        self.specs = specs
+        actor_cls = ray.remote(_PolicyActor)
+        self.specs, self.plugins = specs, loaded_plugins()
         self._new_actor = {key: actor_cls.options(num_cpus=cpus, num_gpus=gpus, scheduling_strategy=PlacementGroupSchedulingStrategy(
             placement_group=self.pg, placement_group_bundle_index=i)).remote for i, key in enumerate(specs)}
-        self.actors = {key: self._new_actor[key](spec) for key, spec in specs.items()}
+        self.actors = {key: self._new_actor[key](spec, self.plugins) for key, spec in specs.items()}
         logger.info("ray backend: %d worker groups in one placement group (%.2f CPU each)", len(specs), cpus)
 
     def restart(self) -> None:
@@ -63,7 +75,7 @@ class RayBackend:
                 ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 -- already dead
                 pass
-        self.actors = {key: self._new_actor[key](spec) for key, spec in self.specs.items()}
+        self.actors = {key: self._new_actor[key](spec, self.plugins) for key, spec in self.specs.items()}
         logger.warning("ray backend: replaced the actors of %s", sorted(self.actors))
 
     def generators(self) -> dict[str, _RayGenerator]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from drmas.io import JsonlDamaged
 from drmas.io import read_jsonl as _read_jsonl
 from drmas.io import write_jsonl as _write_jsonl
 from envs.base import Task
@@ -64,7 +65,12 @@ class Corpus:
 
     @property
     def content_hash(self) -> str:
-        """sha256 (hex) over (id, title, text) of every passage in order: the index-cache key."""
+        """The corpus identity: sha256 (hex) over the passages as read, not over the file's bytes. Each passage
+        ``i`` in file order contributes the UTF-8 bytes of ``json.dumps([id, title, text], ensure_ascii=False)``
+        followed by ``\\n`` (``id``, ``title``, ``text`` as :meth:`from_records` reads them, so a Search-R1
+        ``{"id", "contents"}`` file and its unified-schema twin hash alike; blank lines, key order, extra keys
+        and JSON spacing do not count). The index-cache key, and what a retrieval server reports as
+        ``corpus_hash`` (``GET /health``) and in the ``X-Corpus-Hash`` header of each answer."""
         if not self._hash:
             h = hashlib.sha256()
             for row in zip(self.ids, self.titles, self.texts):
@@ -72,6 +78,10 @@ class Corpus:
                 h.update(b"\n")
             self._hash.append(h.hexdigest())
         return self._hash[0]
+
+    def identity(self, name: str, fix: str) -> "CorpusIdentity":
+        """This corpus as the one a run expects a retrieval server to serve (see :class:`CorpusIdentity`)."""
+        return CorpusIdentity(name=name, content_hash=self.content_hash, passages=len(self), fix=fix)
 
     def index_texts(self) -> list[str]:
         """Text that the indexes see: title, newline, passage text."""
@@ -100,6 +110,28 @@ class Corpus:
         return cls(tuple(ids), tuple(titles), tuple(texts), name=name)
 
 
+@dataclass(frozen=True)
+class CorpusIdentity:
+    """The corpus a run expects its retrieval server to serve: ``name`` (how the config names it),
+    ``content_hash`` (:attr:`Corpus.content_hash`), ``passages`` (None when only the hash is known) and
+    ``fix`` (what the user should do when a server serves another corpus)."""
+
+    name: str
+    content_hash: str
+    passages: int | None = None
+    fix: str = "start the retrieval server on this corpus or point the run at a server that serves it"
+
+    def describe(self) -> str:
+        """``<name> (sha256 <hash>, <n> passages)``."""
+        size = f", {self.passages} passages" if self.passages is not None else ""
+        return f"{self.name} (sha256 {self.content_hash}{size})"
+
+
+class CorpusMismatch(RuntimeError):
+    """A retrieval server serves another corpus than the run's (or does not say which it serves): its answers
+    would score every question 0. Never retried and never turned into a failed search: the run stops."""
+
+
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """All rows of a jsonl file, by the project's one rule (:func:`drmas.io.read_jsonl`: blank lines skipped,
     a torn last line dropped with a warning, any other bad line an error naming the file and line)."""
@@ -107,12 +139,18 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 
 def load_corpus(path: str | Path) -> Corpus:
-    """Load a jsonl corpus file (see module docstring for the accepted schemas)."""
+    """Load a jsonl corpus file (see module docstring for the accepted schemas). A line that is not JSON, other
+    than a torn last one, raises ``JsonlDamaged`` naming the file and line."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"corpus file {path} not found; give a jsonl path or one of the shared names "
                                 f"{sorted(SHARED_CORPORA)} (see envs.search.corpus.resolve_corpus_path)")
-    return Corpus.from_records(read_jsonl(path), name=path.stem)
+    try:
+        rows = read_jsonl(path)
+    except JsonlDamaged as exc:  # drmas.io's message speaks of run records; say what to do with a corpus
+        where = str(exc).split(" and not the last line")[0]
+        raise JsonlDamaged(f"{where}: the corpus file is damaged; restore it or write it again") from None
+    return Corpus.from_records(rows, name=path.stem)
 
 
 def resolve_corpus_path(name_or_path: str | Path) -> Path:
@@ -120,6 +158,79 @@ def resolve_corpus_path(name_or_path: str | Path) -> Path:
     if str(name_or_path) in SHARED_CORPORA:
         return shared_data_dir() / SHARED_CORPORA[str(name_or_path)]
     return Path(name_or_path)
+
+
+PASSAGE_KEYS = "one passage object per line, {\"id\", \"title\", \"text\"} or Search-R1's {\"id\", \"contents\"}"
+_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"\x1f\x8b", "a gzip-compressed file; decompress it first (gunzip)"),
+    (b"PAR1", "a parquet file; convert it to JSONL first"),
+    (b"\x93NUMPY", "a numpy array (embeddings?), not a corpus"),
+    (b"PK\x03\x04", "a zip archive; unpack the corpus JSONL from it first"),
+    (b"SQLite format 3", "an SQLite database, not a corpus"),
+)
+_FAISS_FOURCC = (b"IxF", b"IxH", b"IxP", b"IxI", b"IxS", b"IHN", b"IwF", b"IwP", b"IwQ", b"IwS", b"IvF", b"IPQ")
+
+
+def corpus_file_problem(given: str, path: Path, head_bytes: int = 1 << 16) -> str | None:
+    """What is wrong with ``path`` as a corpus file (``given``: what the user typed, a path or a shared name),
+    with the fix; None when it exists and its first passage parses. Reads at most the first line (and the
+    first ``head_bytes`` bytes), so it costs nothing before the corpus is loaded."""
+    shared = given in SHARED_CORPORA
+    if not path.exists():
+        if shared:
+            return (f"shared corpus {given!r} is not at {path}; set DRMAS_SHARED_DATA to the shared/data folder "
+                    "that holds it, or give a corpus JSONL path")
+        return (f"corpus file {path} not found; give a corpus JSONL path or one of the shared names "
+                f"{sorted(SHARED_CORPORA)}")
+    if path.is_dir():
+        if (path / "params.index.json").is_file():
+            return (f"{path} is a BM25 index folder, not a corpus; give the corpus JSONL it was built from "
+                    "(the server builds and caches its own index)")
+        inside = sorted(p.name for p in path.glob("*.jsonl"))[:3]
+        hint = f" (it holds {', '.join(inside)})" if inside else ""
+        return f"{path} is a folder, not a corpus file; give the corpus JSONL file{hint}"
+    if not path.is_file():
+        return f"{path} is not a regular file; give a corpus JSONL file"
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(head_bytes)
+    except OSError as exc:
+        return f"corpus file {path} cannot be read ({exc.strerror or exc}); fix its permissions or give another file"
+    return corpus_head_problem(path, head, whole_file=len(head) < head_bytes)
+
+
+def corpus_head_problem(path: Path, head: bytes, whole_file: bool) -> str | None:
+    """What is wrong with a corpus file whose first bytes are ``head`` (``whole_file``: they are all of it), see
+    :func:`corpus_file_problem`. A first passage cut off by the end of ``head`` is left to the full load."""
+    for magic, what in _MAGIC:
+        if head.startswith(magic):
+            return f"{path} is {what}; give a corpus JSONL ({PASSAGE_KEYS})"
+    if head[:3] in _FAISS_FOURCC or (path.suffix == ".index" and b"\0" in head):
+        return (f"{path} is a faiss index, not a corpus; give the corpus JSONL the index was built over (the server "
+                "builds and caches its own index from it)")
+    if b"\0" in head:
+        return f"{path} is a binary file, not a corpus JSONL; give a text file with {PASSAGE_KEYS}"
+    text = head.decode("utf-8", errors="replace")  # as drmas.io.read_jsonl_lines decodes it
+    if not text.strip():
+        return f"corpus file {path} is empty; give a JSONL file with {PASSAGE_KEYS}"
+    lines = text.split("\n")
+    first_no, first = next((n, line) for n, line in enumerate(lines, 1) if line.strip())
+    complete = whole_file or first_no < len(lines)  # the first passage ends inside the head
+    try:
+        row = json.loads(first)
+    except ValueError as exc:
+        if not complete and first.lstrip().startswith("{"):
+            return None  # a passage longer than the head: the full load checks it
+        return (f"{path}, line {first_no}: not JSON ({str(exc)[:80]}); a corpus is JSONL, {PASSAGE_KEYS}")
+    if isinstance(row, list):
+        return (f"{path} starts with a JSON list: a corpus is JSONL, {PASSAGE_KEYS} (convert a JSON array with "
+                "one object per line)")
+    if not isinstance(row, dict):
+        return f"{path}, line {first_no}: a JSON {type(row).__name__}, not a passage; a corpus is JSONL, {PASSAGE_KEYS}"
+    if "text" not in row and "contents" not in row:
+        return (f"{path}, line {first_no}: a JSON object with neither 'text' nor 'contents' (keys: "
+                f"{sorted(row)[:8]}), not a passage; give a corpus JSONL, {PASSAGE_KEYS}")
+    return None
 
 
 def write_jsonl(rows: Iterable[dict[str, Any]], path: str | Path) -> Path:

@@ -17,8 +17,10 @@ Text outside the tag pair (e.g. ``<think>...</think>``) is allowed. Every step s
 ``max_turns`` budget (default 4, as the paper). All queries of one ``step`` call are retrieved in one
 batched call. A failed retrieval (server down, ...) keeps the action valid but returns
 ``SEARCH_FAILED_OBSERVATION`` with ``infos[j]["obs_valid"] = False`` and the error in
-``infos[j]["retrieval_error"]`` (the trainer may mask such steps). Misuse (acting on a finished episode,
-an index out of range, repeated indices) raises ``ValueError``: that is a bug in the caller, not text.
+``infos[j]["retrieval_error"]`` (the trainer may mask such steps). A retrieval server that serves another
+corpus than the run's (``envs.search.corpus.CorpusMismatch``) is no such failure: it propagates. Misuse
+(acting on a finished episode, an index out of range, repeated indices) raises ``ValueError``: that is a bug
+in the caller, not text.
 
 Retrieval misses (``miss_rate`` > 0): each search, with probability ``miss_rate``, returns the passages ranked
 k+1..2k instead of the top k -- the relevant passages fell below the cut-off, as when a real retriever ranks
@@ -37,6 +39,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from envs.base import Env, StepOutput, Task, register_env
+from envs.search.corpus import CorpusMismatch
 from envs.search.retriever import RetrievalBatch, SearchBackend
 from envs.search.reward import exact_match, f1_score
 
@@ -186,6 +189,8 @@ class SearchEnv(Env):
                 k = self.topk
                 batch = RetrievalBatch([hits[k:2 * k] if m else hits[:k] for hits, m in zip(batch.results, missed)])
             return batch, missed
+        except CorpusMismatch:  # a server over another corpus: its answers would score 0, so the run stops
+            raise
         except Exception as e:  # noqa: BLE001 -- a failing tool must not kill the rollout
             logger.warning("retrieval raised %s: %s", type(e).__name__, e)
             return RetrievalBatch.failed(len(queries), f"{type(e).__name__}: {e}"), missed

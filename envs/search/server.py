@@ -8,7 +8,11 @@ Endpoints:
   ``{"result": [[{"document": {"id", "title", "contents"}, "score": float}, ...], ...]}`` (one list per
   query, best first); with ``return_scores: false`` each list holds the bare document dicts.
   ``contents`` is ``'"<title>"\\n<text>'`` as in Search-R1's wiki-18 corpus.
-- ``GET /health`` -> ``{"status": "ok", "backend", "passages", "corpus_hash"}``.
+- ``GET /health`` -> ``{"status": "ok", "backend", "corpus", "passages", "corpus_hash"}``: ``corpus`` is what
+  ``--corpus`` named (a shared name with its file, or the path), ``corpus_hash`` the corpus identity
+  (``Corpus.content_hash``: sha256 over the passages' (id, title, text), not over the file's bytes). Every
+  ``/retrieve`` answer carries the same hash in its ``X-Corpus-Hash`` header, so a client checks each answer
+  against the corpus its run names, also after the server was restarted behind it.
 
 Bad requests get a 4xx with ``{"detail": "<what is wrong and the limit>"}``: 400 malformed JSON or JSON
 nested deeper than ``max_json_depth``, 408 a body not sent within ``body_timeout_s``, 413 body/batch/query
@@ -20,6 +24,12 @@ system once the answer is sent (glibc ``malloc_trim(0)``; see ``release_memory``
 keeps one malloc arena (``--malloc-arenas``; see ``limit_malloc_arenas``), so a burst of large requests
 does not leave it holding its peak memory.
 ``--port 0`` picks a free port; the chosen address is logged and printed as ``RETRIEVAL_SERVER_URL=...``.
+
+Command-line faults (a corpus that is missing, a folder, not JSONL, an index instead of a corpus; a port out of
+range, in use or not permitted; a bad limit) end the command with one line ``retrieval server: <problem>;
+<fix>`` on stderr and exit status 2 (a wrong argument) or 1 (the port is taken or not permitted, the host is
+not this machine's, the dense model cannot load), before the corpus is loaded or an index built; a damaged line
+further into the corpus is reported the same way when the load reaches it.
 """
 from __future__ import annotations
 
@@ -31,9 +41,11 @@ import functools
 import json
 import logging
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -192,15 +204,20 @@ def parse_request(body: bytes, limits: ServerLimits) -> tuple[list[str], int, bo
     return queries, topk, return_scores
 
 
-def create_app(retriever: Retriever, limits: ServerLimits = ServerLimits()) -> Any:
-    """FastAPI app serving ``retriever``."""
+CORPUS_HASH_HEADER = "X-Corpus-Hash"
+"""Response header of every ``/retrieve`` answer: the ``content_hash`` of the corpus that produced it."""
+
+
+def create_app(retriever: Retriever, limits: ServerLimits = ServerLimits(), corpus_label: str | None = None) -> Any:
+    """FastAPI app serving ``retriever``; ``corpus_label`` is how ``/health`` names the corpus (default: the
+    corpus's own name)."""
     app = FastAPI(title="drmas retrieval server (Search-R1 API)")
     app.state.keep_alive_s = limits.keep_alive_s
 
     @app.get("/health")
     def health() -> dict[str, Any]:
-        return {"status": "ok", "backend": retriever.backend, "passages": len(retriever.corpus),
-                "corpus_hash": retriever.corpus.content_hash}
+        return {"status": "ok", "backend": retriever.backend, "corpus": corpus_label or retriever.corpus.name,
+                "passages": len(retriever.corpus), "corpus_hash": retriever.corpus.content_hash}  # hash memoized
 
     @app.post("/retrieve")
     async def retrieve(request: Request) -> Any:
@@ -227,6 +244,7 @@ def create_app(retriever: Retriever, limits: ServerLimits = ServerLimits()) -> A
         except RequestError as e:
             return refuse(e, len(body))
         return Response(content, media_type="application/json",
+                        headers={CORPUS_HASH_HEADER: retriever.corpus.content_hash},
                         background=release_after(len(body) + len(content)))  # released once sent
 
     def answer(queries: list[str], topk: int, return_scores: bool) -> bytes:
@@ -254,14 +272,47 @@ def create_app(retriever: Retriever, limits: ServerLimits = ServerLimits()) -> A
     return app
 
 
-def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
-    """A listening TCP socket (``port=0`` -> a free port; read it from ``getsockname()``)."""
+def reserve_port(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A TCP socket bound to ``(host, port)`` but not listening yet: the port is taken (``port=0`` -> a free
+    one; read it from ``getsockname()``) while connections to it are still refused. Raises ``OSError``."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A listening TCP socket (``port=0`` -> a free port; read it from ``getsockname()``)."""
+    sock = reserve_port(host, port)
     sock.listen(128)
     return sock
+
+
+def port_problem(port: int) -> str | None:
+    """What is wrong with ``--port`` before any socket is made (None: it is in range)."""
+    if not 0 <= port <= 65535:
+        return f"--port {port} is out of range; give a port in 0-65535 (0 picks a free one)"
+    return None
+
+
+def bind_problem(host: str, port: int, exc: OSError) -> str:
+    """One line for a ``bind``/``listen`` that failed: the address, the cause and the fix."""
+    import errno
+
+    where = f"{host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        return (f"{where} is already in use (another retrieval server?); stop that process, give another --port, "
+                "or --port 0 for a free one")
+    if exc.errno == errno.EACCES:
+        return f"{where}: permission denied (ports below 1024 need root); give a --port of 1024 or above, or 0"
+    if exc.errno == errno.EADDRNOTAVAIL or isinstance(exc, socket.gaierror):
+        return f"--host {host} is not an address of this machine ({exc.strerror or exc}); give 127.0.0.1 or 0.0.0.0"
+    return f"cannot bind {where} ({exc.strerror or exc}); give another --host/--port"
 
 
 def _url(sock: socket.socket) -> str:
@@ -326,37 +377,103 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info")
 
 
-def main(argv: list[str] | None = None) -> None:
-    import uvicorn
+class UsageProblem(Exception):
+    """A command-line fault: printed as one ``retrieval server: ...`` line, the command exits with ``code``."""
 
-    from envs.search.corpus import load_corpus, resolve_corpus_path
-    from envs.search.retriever import build_retriever
+    def __init__(self, message: str, code: int = 2):
+        super().__init__(message)
+        self.code = code
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:  # checked before the corpus is loaded: a bad flag costs nothing
+
+def check_arguments(args: argparse.Namespace) -> tuple[ServerLimits, Path]:
+    """Everything about the flags that can be checked without loading the corpus -> (limits, corpus file);
+    raises :class:`UsageProblem`."""
+    from envs.search.corpus import corpus_file_problem, resolve_corpus_path
+
+    try:
         limits = ServerLimits(max_queries=args.max_queries, max_query_chars=args.max_query_chars,
                               max_topk=args.max_topk, max_hits=args.max_hits, default_topk=args.topk,
                               max_response_bytes=args.max_response_bytes)
     except ValueError as exc:
-        parser.error(str(exc))
+        raise UsageProblem(str(exc)) from None
     if args.malloc_arenas < 0:
-        parser.error(f"--malloc-arenas must be >= 0, got {args.malloc_arenas}")
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.malloc_arenas and not limit_malloc_arenas(args.malloc_arenas):
-        logger.info("no glibc mallopt here: --malloc-arenas has no effect")
-    logging.getLogger("bm25s").setLevel(logging.WARNING)
-    corpus = load_corpus(resolve_corpus_path(args.corpus))
-    retriever = build_retriever(corpus, args.backend, use_cache=not args.no_cache)
-    sock = bind_socket(args.host, args.port)
-    url = _url(sock)
-    logger.info("retrieval server (%s, %d passages) listening on %s", args.backend, len(corpus), url)
-    print(f"RETRIEVAL_SERVER_URL={url}", flush=True)
-    uvicorn.Server(uvicorn.Config(create_app(retriever, limits), log_level=args.log_level.lower(), lifespan="off",
-                                  timeout_keep_alive=int(limits.keep_alive_s))).run(sockets=[sock])
+        raise UsageProblem(f"--malloc-arenas must be >= 0, got {args.malloc_arenas}")
+    if problem := port_problem(args.port):
+        raise UsageProblem(problem)
+    path = resolve_corpus_path(args.corpus)
+    if problem := corpus_file_problem(args.corpus, path):
+        raise UsageProblem(problem)
+    return limits, path
+
+
+def corpus_label(given: str, path: Path) -> str:
+    """How ``/health`` names the corpus: the path, or a shared name with its file."""
+    return given if Path(given) == path else f"{given} ({path})"
+
+
+def load_retriever(path: Path, backend: str, use_cache: bool) -> Retriever:
+    """Load the corpus and build (or read) its index; a corpus or model that cannot be used raises
+    :class:`UsageProblem` naming the file."""
+    from envs.search.corpus import load_corpus
+    from envs.search.retriever import ModelIntegrityError, build_retriever
+
+    try:
+        corpus = load_corpus(path)
+    except ValueError as exc:  # a damaged line (JsonlDamaged), an empty corpus, a row that is no passage
+        raise UsageProblem(f"corpus {path} cannot be used: {exc}") from None
+    try:
+        return build_retriever(corpus, backend, use_cache=use_cache)
+    except (ImportError, FileNotFoundError, ModelIntegrityError) as exc:  # the dense model's package or weights
+        raise UsageProblem(f"the {backend} backend cannot start: {exc}", code=1) from None
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one ``retrieval server: ...`` line (no usage block), exit 2."""
+
+    def error(self, message: str) -> Any:
+        self.exit(2, f"retrieval server: {message}; see --help\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve until stopped; a command-line fault prints one line and returns 2 (or 1), see the module docstring."""
+    parser = OneLineParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return serve(args)
+    except UsageProblem as exc:
+        print(f"retrieval server: {exc}", file=sys.stderr, flush=True)
+        return exc.code
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Check the flags and the corpus file, take the port, load the corpus and index, then serve."""
+    import uvicorn
+
+    limits, path = check_arguments(args)  # nothing loaded yet: a bad flag or file costs nothing
+    try:
+        sock = reserve_port(args.host, args.port)  # before the index is built: a taken port costs nothing either
+    except OSError as exc:
+        raise UsageProblem(bind_problem(args.host, args.port, exc), code=1) from None
+    with sock:
+        logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        if args.malloc_arenas and not limit_malloc_arenas(args.malloc_arenas):
+            logger.info("no glibc mallopt here: --malloc-arenas has no effect")
+        logging.getLogger("bm25s").setLevel(logging.WARNING)
+        retriever = load_retriever(path, args.backend, use_cache=not args.no_cache)
+        try:
+            sock.listen(128)
+        except OSError as exc:  # another process bound the same port meanwhile and listens on it
+            raise UsageProblem(bind_problem(args.host, sock.getsockname()[1], exc), code=1) from None
+        url = _url(sock)
+        logger.info("retrieval server (%s, corpus %s: %d passages, sha256 %s) listening on %s", args.backend,
+                    corpus_label(args.corpus, path), len(retriever.corpus), retriever.corpus.content_hash, url)
+        print(f"RETRIEVAL_SERVER_URL={url}", flush=True)
+        uvicorn.Server(uvicorn.Config(create_app(retriever, limits, corpus_label(args.corpus, path)),
+                                      log_level=args.log_level.lower(), lifespan="off",
+                                      timeout_keep_alive=int(limits.keep_alive_s))).run(sockets=[sock])
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -34,7 +34,8 @@ from drmas.models.factory import load_policy
 from drmas.models.logprobs import batch_logprobs, make_batch
 from drmas.rollout import HFRolloutEngine, SamplingParams, make_engine
 from drmas.rollout.vllm_engine import VLLMRolloutEngine, prompt_seeds, vllm_sampling_kwargs
-from drmas.workers.policy import PolicyWorker, UpdateBatch, WorkerSpec
+from drmas.workers.base import UpdateBatch, WorkerSpec
+from drmas.workers.policy import PolicyWorker
 from test_models_sft import copy_examples  # tests/ is on sys.path (tests/conftest.py)
 
 logger = logging.getLogger(__name__)

@@ -33,7 +33,8 @@ from drmas.models.tokenizer import train_bytelevel_bpe
 from drmas.workers import policy as policy_mod
 from drmas.workers.openrlhf import backend as backend_mod
 from drmas.workers.openrlhf import cpu_compat, seam
-from drmas.workers.policy import PolicyWorker, UpdateBatch, WorkerSpec
+from drmas.workers.base import UpdateBatch, WorkerSpec
+from drmas.workers.policy import PolicyWorker
 
 pytestmark = pytest.mark.openrlhf
 

@@ -42,7 +42,7 @@ from drmas.rollout.base import Generation, SamplingParams, make_engine
 from drmas.rollout.vllm_engine import VLLMRolloutEngine, generation_config_eos
 from drmas.workers.openrlhf import cpu_compat, seam
 from drmas.workers.base import ray_get
-from drmas.workers.policy import UpdateBatch, WorkerSpec
+from drmas.workers.base import UpdateBatch, WorkerSpec
 
 logger = logging.getLogger(__name__)
 

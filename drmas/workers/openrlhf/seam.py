@@ -13,7 +13,7 @@ vLLM Ray actors with the DeepSpeed -> vLLM weight sync. This module holds
 2. **placement** (pure): which bundle of the one shared placement group holds each training rank and
    each vLLM engine of every worker group, and what GPU share each gets (:func:`plan_placement`);
 3. **arguments** (pure given OpenRLHF's CLI defaults): the hierarchical ``args`` OpenRLHF's strategy and
-   actor read, built from a drmas :class:`~drmas.workers.policy.WorkerSpec` (:func:`openrlhf_overrides`,
+   actor read, built from a drmas :class:`~drmas.workers.base.WorkerSpec` (:func:`openrlhf_overrides`,
    :func:`build_args`);
 4. **the API contract** (:data:`OPENRLHF_API`): every OpenRLHF class, method, parameter, dataclass field
    and CLI option drmas uses. :func:`check_openrlhf_api` verifies it against an installed OpenRLHF by
@@ -302,7 +302,7 @@ class GroupSettings:
 
 
 def group_settings(spec: Any) -> GroupSettings:
-    """The settings of worker group ``spec`` (a :class:`drmas.workers.policy.WorkerSpec`)."""
+    """The settings of worker group ``spec`` (a :class:`drmas.workers.base.WorkerSpec`)."""
     m, o, a = spec.model, spec.optim, spec.algo
     if m.path is None:
         raise ValueError(f"models.{spec.key}.path: the openrlhf backend loads a checkpoint (folder or hub id)")
@@ -412,7 +412,7 @@ def cli_defaults(root: Path | None = None) -> dict[str, Any]:
     imports, so the defaults are exactly the installed version's."""
     root = root or openrlhf_root()
     if root is None:
-        raise ModuleNotFoundError(f"openrlhf is not installed (pip install -r requirements/gpu.txt)")
+        raise ModuleNotFoundError("openrlhf is not installed (pip install -r requirements/gpu.txt)")
     path = root / "cli" / "train_ppo_ray.py"
     tree = ast.parse(path.read_text(), filename=str(path))
     main = next((n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)), None)
