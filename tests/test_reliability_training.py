@@ -573,9 +573,20 @@ def test_kill_9_during_the_sft_warm_up_leaves_no_worker_alive(tmp_path):
         assert len(workers) >= 2, f"the warm-up's two workers did not start (exit {proc.poll()})"
         proc.kill()
         proc.wait(30)
-        gone, alive = psutil.wait_procs(workers, timeout=30)
+        _, alive = psutil.wait_procs(workers, timeout=30)
+        alive = [p for p in alive if _running(p)]  # a zombie has ended (it waits to be reaped by its new parent)
         assert not alive, f"SFT workers alive after the warm-up was killed: {[p.pid for p in alive]}"
     finally:
-        for p in psutil.Process().children(recursive=True):
-            if p.pid == proc.pid or "spawn_main" in " ".join(p.cmdline() or []):
+        for p in [psutil.Process(proc.pid) if proc.poll() is None else None, *workers]:
+            if p is not None and _running(p):
                 p.kill()
+
+
+def _running(process) -> bool:
+    """Whether ``process`` still runs (not ended, not a zombie)."""
+    import psutil
+
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
