@@ -2,6 +2,7 @@
 conventions' defaults are the one Conventions dataclass's."""
 from __future__ import annotations
 
+import re
 from dataclasses import asdict
 
 import pytest
@@ -100,3 +101,13 @@ def test_a_learning_rate_outside_the_plausible_range_is_refused_unless_allowed(o
     assert "train.allow_unusual_lr=true" in str(err.value)
     cfg = load_config("experiments/configs/cpu/math_base.yaml", [override, "train.allow_unusual_lr=true"])
     assert cfg.train.allow_unusual_lr
+
+
+@pytest.mark.parametrize("override, expected", [("algo.estimator=drmass", "unknown estimator 'drmass' (did you mean 'drmas'?)"),
+                                                ("agents.solver.role=math_solvr",
+                                                 "unknown agent role 'math_solvr' (did you mean 'math_solver'?)")])
+def test_an_unknown_name_names_the_nearest_registered_one(override, expected):
+    from drmas.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        load_config("experiments/configs/cpu/math_base.yaml", [override])

@@ -69,9 +69,14 @@ class Strict(BaseModel):
 
 
 def _registered(name: str, registered: list[str], what: str, fix: str = "; use one of them") -> str:
-    """``name`` if it is one of the ``registered`` names, else the error that lists them and says the fix."""
+    """``name`` if it is one of the ``registered`` names, else the error that lists them, says the fix and names
+    the nearest registered name (``difflib``) when one is close."""
     if name not in registered:
-        raise ValueError(f"unknown {what} {name!r}; registered: {registered}{fix}")
+        import difflib
+
+        close = difflib.get_close_matches(name, registered, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown {what} {name!r}{hint}; registered: {registered}{fix}")
     return name
 
 
