@@ -70,7 +70,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from drmas.algos import GLOBAL_BASELINES, SpikeDetector, class_factors, lemma_factors, step_classes
+from drmas.algos import GLOBAL_BASELINES, SpikeDetector, class_factors, lemma_factors
 from drmas.step_table import StepTable
 from drmas.trainer.collect import Collected
 
@@ -111,9 +111,9 @@ def _lemma_factor_stats(table: StepTable, estimator: str) -> dict[str, float]:
     return out
 
 
-def _class_stats(table: StepTable) -> dict[str, float]:
-    """``distinct_share`` and ``class_factor_{b}`` of every agent (see the module table)."""
-    classes = step_classes(table.task, table.agent, table.prompt_ids, table.response_ids)
+def _class_stats(table: StepTable, classes: np.ndarray) -> dict[str, float]:
+    """``distinct_share`` and ``class_factor_{b}`` of every agent (see the module table), from the step classes
+    (``drmas.algos.step_classes``)."""
     per_agent = class_factors(table.score, table.task, table.agent, table.traj, classes, GLOBAL_BASELINES)
     out: dict[str, float] = {}
     for name, row in per_agent.iterrows():
@@ -122,10 +122,13 @@ def _class_stats(table: StepTable) -> dict[str, float]:
     return out
 
 
-def step_metrics(rollout: Collected, update: dict[str, dict[str, Any]], estimator: str) -> dict[str, Any]:
+def step_metrics(rollout: Collected, update: dict[str, dict[str, Any]], estimator: str,
+                 classes: np.ndarray) -> dict[str, Any]:
     """The step's batch and update keys (rewards, per-agent statistics, Lemma and class factors, the worker
-    groups' update metrics), from its rollout (``rollout.table``: the step table, advantages assigned) and each
-    worker group's update metrics. The trainer adds :func:`spike_metrics`, then :func:`closing_metrics`."""
+    groups' update metrics), from its rollout (``rollout.table``: the step table, advantages assigned), each
+    worker group's update metrics and the step classes (``drmas.algos.step_classes`` of the table, computed once
+    per step: the degenerate-training check reads them too). The trainer adds :func:`spike_metrics`, then
+    :func:`closing_metrics`."""
     table = rollout.table
     n_traj = len(rollout.traj_reward)
     m: dict[str, Any] = {
@@ -136,7 +139,7 @@ def step_metrics(rollout: Collected, update: dict[str, dict[str, Any]], estimato
     m.update(_agent_reward_stats(table, rollout.traj_reward, rollout.traj_task))
     if len(table):
         m.update(_lemma_factor_stats(table, estimator))
-        m.update(_class_stats(table))
+        m.update(_class_stats(table, classes))
     resp_len = table.response_len
     for name in dict.fromkeys(table.agent):
         rows = table.agent == name

@@ -113,11 +113,11 @@ class Trainer:
             update = self.backend.update({wg: self._update_batch(table, wg) for wg in cfg.models},
                                          step_seed=cfg.train.seed * 7919 + step)
         self._check_weights(update, step)
-        metrics = step_metrics(rollout, update, cfg.algo.estimator)
+        classes = step_classes(table.task, table.agent, table.prompt_ids, table.response_ids)
+        metrics = step_metrics(rollout, update, cfg.algo.estimator, classes)
         metrics.update(spike_metrics(self.spikes, metrics))  # advances the spike detectors by this step
         metrics.update(closing_metrics(rollout, update, timings, metrics, self.orchestra))
-        self.degenerate.observe(step, metrics, identical_samples(
-            table.task, table.traj, step_classes(table.task, table.agent, table.prompt_ids, table.response_ids)))
+        self.degenerate.observe(step, metrics, identical_samples(table.task, table.traj, classes))
         return {**metrics, **tool_metrics(tools)}
 
     def _check_weights(self, update: dict[str, dict[str, Any]], step: int) -> None:
