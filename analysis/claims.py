@@ -85,6 +85,10 @@ class Claim(Judged):
 
     key: str = ""
     rule: str = ""
+    label: str = ""
+    """the claim's label in REPORT.md, unique across the report (default: ``key``)"""
+    gloss: str = ""
+    """one line explaining the terms of the claim's numbers (REPORT.md, under the claim's heading)"""
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,10 @@ class ClaimSpec:
     judge: Callable[[Any], Judged]
     rule: str
     design_runs: Callable[[Any], Any] | None = None
+    label: str = ""
+    """the REPORT.md label, unique across the report (``key`` may repeat: claims.csv groups verdicts by it)"""
+    gloss: str = ""
+    """one line glossing the terms of the claim's numbers"""
 
     def evaluate(self, an: Any) -> Claim:
         """The claim judged on ``an``, with the layout's defaults filled in (see :class:`Judged`)."""
@@ -110,7 +118,8 @@ class ClaimSpec:
             used = int(runs["usable"].sum())
             if used < len(runs):
                 verdict = incomplete_so_far(used, len(runs), verdict)
-        return Claim(key=self.key, rule=self.rule, claim=j.claim, paper=j.paper, ours=j.ours, verdict=verdict,
+        return Claim(key=self.key, rule=self.rule, label=self.label or self.key, gloss=self.gloss, claim=j.claim,
+                     paper=j.paper, ours=j.ours, verdict=verdict,
                      headline=j.headline or first_clause(j.ours), paper_headline=j.paper_headline or first_clause(j.paper),
                      figures=j.figures, details=j.details or tuple(clauses(j.ours)),
                      short=j.short or re.split(r"[(:]", j.claim)[0].strip(), design=j.design)

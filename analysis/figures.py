@@ -5,11 +5,13 @@ needs are missing; :func:`save` writes PNG and PDF.
 ============================== ===================================================================================
 file (``paper_figures/``)      content
 ============================== ===================================================================================
-gradnorm_{task}_{assignment}   per-agent pre-clip gradient norm, GRPO vs Dr. MAS, one panel per agent, one line per
-                               seed; ✕ = spike under the documented rule, ▲ at the top = non-finite norm
-                               (paper Figures 4, 6, 7)
-train_{task}                   training reward (reward/mean, rolling mean) and eval Average avg@k per setting
-ablation_{task}                the same for the Table 3 variants, plus the largest agent gradient norm (Figure 8)
+gradnorm_{task}_{assignment}   per-agent pre-clip gradient norm, GRPO vs Dr. MAS, one panel per agent, per estimator
+                               the median over seeds with a min-max band; ✕ = a seed's spike under the documented
+                               rule, ▲ at the top = non-finite norm (paper Figures 4, 6, 7)
+train_{task}                   training reward (reward/mean, rolling mean) and eval Average avg@k (%, 95 % CI) per
+                               setting
+ablation_{task}                the same for the Table 3 variants, plus the largest agent gradient norm (median over
+                               seeds, min-max band) (Figure 8)
 reward_stats_{task}            μk, σk per agent against μ, σ over training (top) and the Lemma 4.2 factor
                                (σk² + (μk − μ)²)/σ² (bottom), one column per multi-agent setting (first seed)
 hetero_{task}                  heterogeneous vs homogeneous non-sharing Dr. MAS: tokens per agent, generation
@@ -18,6 +20,9 @@ mechanism                      the mechanism sweep: per (level, seed, agent), th
                                Dr. MAS (left) and the realized E_k[A²] ratio (right) against the agent's Lemma 4.2
                                factor, with the Lemma's prediction (√factor, factor) drawn in
 ============================== ===================================================================================
+
+The drawing rules every figure shares (median and band, log axes, no offset labels, constant series, eval points,
+legends) are in :mod:`analysis.plotting`.
 """
 from __future__ import annotations
 
@@ -30,11 +35,14 @@ import pandas as pd
 from matplotlib import rc_context
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from drmas.algos import SpikeRule, spike_ratios
 from drmas.io import atomic_output
 
-from analysis.runs import GridData, run_averages
+from analysis.plotting import (BAND_LABELS, dodge, finish, flat_series, legend_below, legend_outside, mark_constant,
+                               min_span, plot_median_band, plot_points, scale_from_span, unique_handles)
+from analysis.runs import GridData
 from analysis.tables import ABLATION, ABLATION_ONLY, PAIRS, SETTINGS
 
 logger = logging.getLogger(__name__)
@@ -87,46 +95,88 @@ def _label(setting: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------ gradient norms
-def fig_gradnorm(data: GridData, task: str, assignment: str, rule: SpikeRule = SpikeRule()) -> Figure | None:
+def _wide(frame: pd.DataFrame, runs: Sequence[str], column: str, steps: np.ndarray) -> np.ndarray:
+    """``(steps, runs)`` array of ``column`` (NaN where a run logged nothing at a step)."""
+    wide = frame.pivot_table(index="step", columns="run", values=column, aggfunc="first", dropna=False)
+    return wide.reindex(index=steps, columns=list(runs)).to_numpy(float)
+
+
+def fig_gradnorm(data: GridData, task: str, assignment: str, rule: SpikeRule = SpikeRule(),
+                 band: str = "minmax") -> Figure | None:
+    """Per agent (panel) and estimator (colour): the median over seeds of the pre-clip grad norm with a band
+    (:func:`analysis.plotting.seed_band`); ✕ a seed's spike under ``rule`` at its own value, ▲ at the top a seed's
+    non-finite norm. Log y where the panel's norms span decades; there a zero norm is a tick at the bottom, left out
+    of median and band. None without norms."""
     dr, gr = PAIRS[assignment]
     runs = _runs(data, task, (gr, dr))
     ag = data.agents[data.agents["run"].isin(runs["run"])] if "grad_norm" in data.agents else pd.DataFrame()
     if ag.empty or ag["grad_norm"].notna().sum() == 0 or runs["setting"].nunique() < 1:
         return None
     agents = list(dict.fromkeys(ag["agent"]))
-    fig = _figure(4.2 * len(agents), 3.4)
+    steps = np.sort(ag["step"].unique())
+    fig = _figure(4.2 * len(agents), 3.3)
     axes = fig.subplots(1, len(agents), squeeze=False)[0]
+    nonfinite = zero = False
     for ax, agent in zip(axes, agents):
-        top = 0.0
-        for r in runs.itertuples():
-            g = ag[(ag["run"] == r.run) & (ag["agent"] == agent)].sort_values("step")
-            if g["grad_norm"].isna().all():
-                continue
-            sp = spike_ratios(g["grad_norm"].to_numpy(), rule)
-            color = COLORS.get(r.setting, "k")
-            ls = SEED_STYLES[int(r.seed) % len(SEED_STYLES)]
-            x, y = g["step"].to_numpy(), sp["norm"].to_numpy()
-            ax.plot(x, y, ls, color=color, lw=0.9, alpha=0.85, label=f"{_label(r.setting)} s{r.seed}")
-            fin = np.isfinite(y)
-            top = max(top, float(np.nanmax(np.where(fin, y, np.nan))) if fin.any() else top)
-            spike = sp["spike"].to_numpy() & fin
-            ax.scatter(x[spike], y[spike], marker="x", color=color, s=30, zorder=3)
-            if (~fin).any():
-                ax.scatter(x[~fin], np.full((~fin).sum(), top * 1.1 if top > 0 else 1.0), marker="^", color=color,
-                           s=30, zorder=3)
-        ax.set(title=f"{agent}", xlabel="RL step", ylabel="pre-clip grad norm")
-        lo = ag.loc[ag["agent"] == agent, "grad_norm"]
-        lo = lo[np.isfinite(lo) & (lo > 0)]
-        if len(lo) and lo.max() / lo.min() > 100:
-            ax.set_yscale("log")
-        ax.legend(fontsize=6)
+        cells = []
+        for setting in (gr, dr):
+            cell = runs[runs["setting"] == setting]
+            a = ag[(ag["agent"] == agent) & ag["run"].isin(cell["run"])]
+            if not cell.empty and not a["grad_norm"].isna().all():
+                cells.append((setting, cell, a, _wide(a, cell["run"], "grad_norm", steps)))
+        # the scale from the seeds' norms; on a log axis a zero norm (all advantages 0) cannot be drawn: it is
+        # left out of the median and band and ticked at the bottom instead
+        log = scale_from_span(ax, [y for *_, y in cells])
+        drawn, marks, zeros = [], [], []
+        for setting, cell, a, y in cells:
+            color = COLORS.get(setting, "k")
+            shown = np.where(np.isfinite(y) & ((y > 0) if log else True), y, np.nan)
+            drawn += list(plot_median_band(ax, steps, shown, color, f"{_label(setting)} (median of {y.shape[1]} "
+                                                                    f"seed(s))", band))
+            if log:
+                zeros.append((color, steps[np.nonzero(y == 0)[0]]))
+            for _, g in a.groupby("run", sort=True):
+                g = g.sort_values("step")
+                x, norm = g["step"].to_numpy(), g["grad_norm"].to_numpy(float)
+                fin = np.isfinite(norm)
+                spike = spike_ratios(norm, rule)["spike"].to_numpy() & fin
+                marks.append((color, x[spike], norm[spike], x[~fin]))
+                nonfinite |= bool((~fin).any())
+        top = max((float(np.nanmax(v)) for v in drawn if np.isfinite(v).any()), default=1.0)
+        for color, xs, ys, bad in marks:
+            ax.scatter(xs, ys, marker="x", color=color, s=24, lw=1.0, zorder=3)
+            if len(bad):
+                ax.scatter(bad, np.full(len(bad), top * (1.5 if log else 1.08)), marker="^", color=color, s=30, zorder=3)
+        if any(len(xs) for _, xs in zeros):
+            bottom, upper = ax.get_ylim()
+            for k, (color, xs) in enumerate(zeros):
+                ax.scatter(xs, np.full(len(xs), bottom * (1.2 + 0.3 * k)), marker="|", color=color, s=12, lw=0.8)
+            ax.set_ylim(bottom, upper)
+            zero = True
+        ax.set(title=agent, xlabel="RL step",
+               ylabel=f"pre-clip grad norm{' (log)' if log else ''}")
+    finish(fig)
+    handles, labels = unique_handles(*axes)
+    handles.append(Line2D([], [], marker="x", ls="", color="0.3"))
+    labels.append(f"spike of a seed (g_t > {rule.threshold:g} x median of its previous {rule.window})")
+    if nonfinite:
+        handles.append(Line2D([], [], marker="^", ls="", color="0.3"))
+        labels.append("non-finite norm of a seed (at the top)")
+    if zero:
+        handles.append(Line2D([], [], marker="|", ls="", color="0.3"))
+        labels.append("norm 0 of a seed (a tick at the bottom of a log axis)")
     fig.suptitle(f"Per-agent gradient norm, {task}, {assignment}: GRPO vs Dr. MAS "
-                 f"(x: spike, g_t > {rule.threshold:g} x median of previous {rule.window})", fontsize=9)
+                 f"(line: median over seeds, {BAND_LABELS[band]})", fontsize=9)
     fig.tight_layout()
+    legend_below(fig, handles, labels, ncol=3)
     return fig
 
 
 # ------------------------------------------------------------------------------------------ training curves
+EVAL_BOOT = 1000  # bootstrap replicates of an eval point's interval in the figures
+EVAL_MIN_SPAN = 20.0  # percentage points: the eval axis never spans less (a 1-point gap stays small)
+
+
 def _mean_curve(data: GridData, runs: pd.DataFrame, column: str, smooth: int = SMOOTH) -> pd.DataFrame:
     """Per step: mean, min, max over the runs of the rolling-mean-smoothed ``column``."""
     st = data.steps[data.steps["run"].isin(runs["run"])]
@@ -139,34 +189,52 @@ def _mean_curve(data: GridData, runs: pd.DataFrame, column: str, smooth: int = S
                          "max": wide.max(axis=1)}).reset_index(drop=True)
 
 
-def _eval_curve(data: GridData, runs: pd.DataFrame, metric: str = "avg") -> pd.DataFrame:
+def _eval_curve(data: GridData, runs: pd.DataFrame, metric: str = "avg", n_boot: int = EVAL_BOOT,
+                seed: int = 0) -> pd.DataFrame:
+    """Per eval step: the Average ``metric`` (mean over seeds and benchmarks, as in the tables) with its 95 %
+    bootstrap interval over tasks (:func:`analysis.tables.accuracy_long`, ``default_rng(seed)``: the same runs give
+    the same interval)."""
+    from analysis.tables import accuracy_long
+
     ev = data.tagged(data.evals[data.evals["run"].isin(runs["run"])])
-    if ev.empty:
-        return pd.DataFrame(columns=["step", metric])
-    av = run_averages(ev)
-    return av.groupby("step")[metric].mean().reset_index()
+    rows = []
+    rng = np.random.default_rng(seed)
+    for step, at in ev.groupby("step", sort=True):
+        acc = accuracy_long(at, str(at["task"].iloc[0]), rng, n_boot)
+        av = acc[(acc["benchmark"] == "average") & (acc["metric"] == metric)]
+        if len(av):
+            rows.append({"step": step, metric: av["mean"].mean(), "low": av["low"].mean(), "high": av["high"].mean()})
+    return pd.DataFrame(rows, columns=["step", metric, "low", "high"])
 
 
 def _curves_panel(ax_train, ax_eval, data: GridData, task: str, settings: Sequence[str], seeds=None) -> int:
-    n = 0
+    """Training reward (mean over seeds, min-max band) and eval Average avg@k (%, 95 % CI) per setting."""
+    shown = []
     for s in settings:
         runs = _runs(data, task, (s,))
         if seeds is not None:
             runs = runs[runs["seed"].isin(seeds)]
-        if runs.empty:
-            continue
+        if not runs.empty:
+            shown.append((s, runs))
+    evals = [(s, runs, _eval_curve(data, runs)) for s, runs in shown]
+    steps = np.concatenate([e["step"].to_numpy(float) for _, _, e in evals]) if evals else np.zeros(0)
+    grid = np.unique(steps)
+    width = min(0.15 * (grid[-1] - grid[0]), 0.6 * float(np.diff(grid).min())) if len(grid) > 1 else 0.0
+    for i, (s, runs, e) in enumerate(evals):
         c = _mean_curve(data, runs, "reward/mean")
         color = COLORS.get(s, None)
         ax_train.plot(c["step"], c["mean"], color=color, lw=1.2, label=f"{_label(s)} ({len(runs)} seed(s))")
         if len(runs) > 1:
-            ax_train.fill_between(c["step"], c["min"], c["max"], color=color, alpha=0.15, lw=0)
-        e = _eval_curve(data, runs)
-        ax_eval.plot(e["step"], e["avg"], "o-", color=color, lw=1.2, ms=3, label=_label(s))
-        n += 1
+            ax_train.fill_between(c["step"], c["min"], c["max"], color=color, alpha=0.12, lw=0)
+        if len(e):
+            plot_points(ax_eval, e["step"] + dodge(i, len(evals), width), e["avg"] * 100, e["low"] * 100,
+                        e["high"] * 100, color=color)
     ax_train.set(xlabel="RL step", ylabel=f"training reward (rolling mean {SMOOTH})")
-    ax_eval.set(xlabel="RL step", ylabel="eval Average avg@k")
-    ax_train.legend(fontsize=7)
-    return n
+    ax_eval.set(xlabel="RL step (points of a step side by side)", ylabel="eval Average avg@k (%, 95 % CI)")
+    if evals:
+        ax_eval.set_xticks(sorted(set(steps.tolist())))
+        min_span(ax_eval, EVAL_MIN_SPAN, (0.0, 100.0))
+    return len(shown)
 
 
 def fig_training(data: GridData, task: str, settings: Sequence[str] = (*SETTINGS, "hetero_drmas")) -> Figure | None:
@@ -174,8 +242,11 @@ def fig_training(data: GridData, task: str, settings: Sequence[str] = (*SETTINGS
     ax1, ax2 = fig.subplots(1, 2)
     if not _curves_panel(ax1, ax2, data, task, settings):
         return None
-    fig.suptitle(f"Training accuracy, {task} (band: min-max over seeds)", fontsize=10)
+    finish(fig)
+    fig.suptitle(f"Training accuracy, {task} (training: mean over seeds, band: min-max over seeds; eval: mean over "
+                 f"seeds, 95 % bootstrap CI over tasks)", fontsize=9)
     fig.tight_layout()
+    legend_below(fig, *unique_handles(ax1), ncol=3)
     return fig
 
 
@@ -188,6 +259,7 @@ def fig_ablation(data: GridData, task: str, seeds: Sequence[int] | None = None) 
     ax1, ax2, ax3 = fig.subplots(1, 3)
     if not _curves_panel(ax1, ax2, data, task, settings, seeds):
         return None
+    drawn = []
     for s in settings:
         runs = _runs(data, task, (s,))
         if seeds is not None:
@@ -195,16 +267,25 @@ def fig_ablation(data: GridData, task: str, seeds: Sequence[int] | None = None) 
         ag = data.agents[data.agents["run"].isin(runs["run"])]
         if ag.empty or "grad_norm" not in ag:
             continue
-        mx = ag.groupby(["run", "step"])["grad_norm"].max().reset_index().groupby("step")["grad_norm"].mean()
-        ax3.plot(mx.index, mx.to_numpy(), color=COLORS.get(s), lw=0.9, label=_label(s))
-    ax3.set(xlabel="RL step", ylabel="max over agents of grad norm")
+        mx = ag.groupby(["run", "step"])["grad_norm"].max().reset_index()
+        steps = np.sort(mx["step"].unique())
+        drawn += list(plot_median_band(ax3, steps, _wide(mx, sorted(mx["run"].unique()), "grad_norm", steps),
+                                       COLORS.get(s), _label(s), lw=0.9, alpha=0.12))
+    log = scale_from_span(ax3, drawn)
+    ax3.set(xlabel="RL step", ylabel=f"max over agents of grad norm{' (log)' if log else ''}")
+    ax3.set_title(f"median over seeds, {BAND_LABELS['minmax']}", fontsize=8)
+    finish(fig)
     fig.suptitle(f"Normalization ablation (Table 3 variants + pooled step-level baseline), {task}", fontsize=10)
     fig.tight_layout()
+    legend_below(fig, *unique_handles(ax1), ncol=3)
     return fig
 
 
 # ------------------------------------------------------------------------------------------ reward statistics
 def fig_reward_stats(data: GridData, task: str) -> Figure | None:
+    """Top: μ, σ of the task reward (black) and μk, σk per agent (colour; solid mean, dashed std); bottom: the
+    Lemma 4.2 factor per agent, on one y-range per row. A factor constant up to float noise (Dr. MAS: 1 by
+    construction) is written as such instead of drawn magnified."""
     settings = [s for a in PAIRS.values() for s in reversed(a)]
     runs = _runs(data, task, settings)
     runs = runs[runs.groupby("setting")["seed"].transform("min") == runs["seed"]]
@@ -213,30 +294,43 @@ def fig_reward_stats(data: GridData, task: str) -> Figure | None:
         return None
     fig = _figure(3.6 * len(runs), 6)
     axes = fig.subplots(2, len(runs), squeeze=False, sharex=True)
+    roll = lambda s: s.rolling(5, min_periods=1).mean()  # noqa: E731
+    factors = []
     for j, r in enumerate(runs.itertuples()):
         st = data.steps[data.steps["run"] == r.run].sort_values("step").set_index("step")
         ag = data.agents[data.agents["run"] == r.run]
         top, bot = axes[0, j], axes[1, j]
-        roll = lambda s: s.rolling(5, min_periods=1).mean()  # noqa: E731
         if "task/mu" in st:
-            top.plot(st.index, roll(st["task/mu"]), "k-", lw=1.4, label="μ")
+            top.plot(st.index, roll(st["task/mu"]), "k-", lw=1.4, label="μ, σ of the task reward (solid, dashed)")
         if "task/sigma" in st:
-            top.plot(st.index, roll(st["task/sigma"]), "k--", lw=1.4, label="σ")
+            top.plot(st.index, roll(st["task/sigma"]), "k--", lw=1.4)
+        col = []
         for i, (agent, g) in enumerate(ag.groupby("agent", sort=False)):
             g = g.sort_values("step").set_index("step")
             color = f"C{i}"
-            top.plot(g.index, roll(g["reward_mean"]), "-", color=color, lw=1, label=f"μk {agent}")
+            top.plot(g.index, roll(g["reward_mean"]), "-", color=color, lw=1, label=f"{agent}: μk, σk (solid, dashed)")
             if "reward_std" in g:
-                top.plot(g.index, roll(g["reward_std"]), "--", color=color, lw=1, label=f"σk {agent}")
+                top.plot(g.index, roll(g["reward_std"]), "--", color=color, lw=1)
             if "lemma_factor" in g:
-                bot.plot(g.index, roll(g["lemma_factor"]), color=color, lw=1, label=agent)
-        bot.axhline(1.0, color="k", lw=0.8, ls=":")
+                y = roll(g["lemma_factor"])
+                bot.plot(g.index, y, color=color, lw=1)
+                col.append(y.to_numpy(float))
+        factors.append(col)
         top.set(title=f"{_label(r.setting)} (seed {r.seed})", ylabel="reward statistics")
         bot.set(xlabel="RL step", ylabel="(σk² + (μk − μ)²) / σ²")
-        top.legend(fontsize=6)
-        bot.legend(fontsize=6)
-    fig.suptitle(f"Per-agent reward statistics and the Lemma 4.2 factor, {task} (rolling mean 5)", fontsize=10)
+    varying = [v for col in factors for v in col if not flat_series(v)[0]]
+    finite = np.concatenate([v[np.isfinite(v)] for v in varying]) if varying else np.zeros(0)
+    lo, hi = (min(0.0, float(finite.min())), max(2.0, float(finite.max()))) if len(finite) else (0.0, 2.0)
+    for j, col in enumerate(factors):
+        bot = axes[1, j]
+        bot.axhline(1.0, color="k", lw=0.8, ls=":")
+        if not (col and mark_constant(bot, col, ylim=(lo, hi + 0.05 * (hi - lo)), name="factor constant")):
+            bot.set_ylim(lo, hi + 0.05 * (hi - lo))
+    finish(fig)
+    fig.suptitle(f"Per-agent reward statistics and the Lemma 4.2 factor, {task} (rolling mean 5; dotted: factor 1)",
+                 fontsize=10)
     fig.tight_layout()
+    legend_below(fig, *unique_handles(*axes[0]), ncol=4)
     return fig
 
 
@@ -279,6 +373,7 @@ def fig_hetero(eff: pd.DataFrame, summary: pd.DataFrame, task: str = "search") -
     ax4.set_xticks(np.arange(len(settings)) + 0.2, [_label(s) for s in settings], fontsize=7)
     ax4.set(ylabel="eval Average (%)", title="accuracy (95 % CI)")
     ax4.legend(fontsize=7)
+    finish(fig)
     fig.suptitle(f"Heterogeneous model assignment, {task} (paper Figure 5)", fontsize=10)
     fig.tight_layout()
     return fig
@@ -305,21 +400,21 @@ def fig_mechanism(points: pd.DataFrame) -> Figure | None:
             ax.scatter(g["factor"], g[col], marker=marker, facecolors=face, edgecolors=color, s=28, zorder=3)
     top = max(float(points["factor"].max()), 1.5) * 1.15
     x = np.linspace(0.05, top, 200)
-    (prediction,) = ax_n.plot(x, np.sqrt(x), "k--", lw=1, label="Lemma 4.2: √factor")
-    ax_a.plot(x, x, "k--", lw=1, label="Lemma 4.2: factor")
+    (prediction,) = ax_n.plot(x, np.sqrt(x), "k--", lw=1, label="Lemma 4.2: √factor (left)")
+    (factor_line,) = ax_a.plot(x, x, "k--", lw=1, label="Lemma 4.2: factor (right)")
     for ax, title in ((ax_n, "grad-norm ratio (mean over steps)"), (ax_a, "E_k[A²] ratio")):
         ax.axhline(1.0, color="0.6", lw=0.8)
         ax.set_xlabel("Lemma 4.2 factor of the global baseline (mean over steps)")
-        ax.set_ylabel(f"{title}: global baseline / Dr. MAS")
+        ax.set_ylabel(f"{title}:\nglobal baseline / Dr. MAS")
         ax.set_xscale("log")
         ax.set_yscale("log")
     handles = [ax_n.scatter([], [], color=cmap[i], marker="o", s=28, label=f"miss rate {lv:g}") for i, lv in enumerate(levels)]
     handles += [ax_n.scatter([], [], color="0.3", marker=AGENT_MARKERS[i % len(AGENT_MARKERS)], s=28, label=a)
                 for i, a in enumerate(agents)]
-    ax_n.legend(handles=[*handles, prediction], fontsize=7, loc="upper left")
-    ax_a.legend(fontsize=7, loc="upper left")
+    finish(fig)
     fig.suptitle("Mechanism sweep (search): filled = trajectory GRPO, open = pooled step-level GRPO", fontsize=10)
     fig.tight_layout()
+    legend_outside(ax_a, [*handles, prediction, factor_line], [h.get_label() for h in (*handles, prediction, factor_line)])
     return fig
 
 
@@ -350,6 +445,7 @@ def fig_class_aware(points: pd.DataFrame) -> Figure | None:
                 for i, a in enumerate(agents)]
     axes[0].legend(handles=handles, fontsize=7, loc="lower right")
     axes[1].legend(fontsize=7, loc="lower right")
+    finish(fig)
     fig.suptitle("Mechanism sweep (search): measured ratio against both predictions (mean over steps)", fontsize=10)
     fig.tight_layout()
     return fig

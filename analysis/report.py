@@ -38,9 +38,9 @@ from analysis.stats import N_BOOT, kendall_tau, spearman
 from analysis import confirm, stability
 from analysis.tables import (ABLATION, ABLATION_ONLY, DATA, PAIRS, PAPER_ABLATION_ORDER, PRICES_YAML, TABLE_OF_TASK,
                              VARIANT, ablation_long, ablation_seeds, ablation_table, accuracy_long, accuracy_table,
-                             average_comparison, efficiency_long, efficiency_summary, fmt_ci, fmt_gain, gradnorm_pairs,
-                             gradnorm_runs, gradnorm_table, headline_table, load_paper, load_prices, paired_long,
-                             paper_benchmark_table, write_table)
+                             average_comparison, efficiency_long, efficiency_summary, fmt_ci, fmt_gain, fmt_pts,
+                             fmt_ratio, gradnorm_pairs, gradnorm_runs, gradnorm_table, headline_table, load_paper,
+                             load_prices, paired_long, paper_benchmark_table, paper_gain_pts, write_table)
 
 logger = logging.getLogger("analysis.report")
 ROOT = Path(__file__).resolve().parent.parent
@@ -239,11 +239,11 @@ def claim_spikes(an: Analysis) -> Judged:
 
 
 def claim_accuracy(an: Analysis, task: str) -> Judged:
-    reported = an.claims_paper.get("headline_gains", {}).get(task, {})
-    h = an.headline.set_index("task").loc[task] if task in set(an.headline["task"]) else None
-    paper = (f"{fmt_gain(h['paper avg'])} avg@16 / {fmt_gain(h['paper pass'])} pass@16 (recomputed from Table "
-             f"{TABLE_OF_TASK[task][-1]}; printed {fmt_gain(reported.get('avg'))} / {fmt_gain(reported.get('pass'))})"
-             if h is not None else "")
+    pp = paper_gain_pts(an.paper, task)
+    paper = (f"{fmt_pts(pp['avg'])} avg@16 / {fmt_pts(pp['pass'])} pass@16 (mean Dr. MAS − GRPO of the Average rows "
+             f"over the paper's four multi-agent settings, recomputed from Table {TABLE_OF_TASK[task][-1]}; the paper prints "
+             f"the relative gain of their sums, tables/headline_gains.md)"
+             if task in TABLE_OF_TASK else "")
     title = f"accuracy gain of Dr. MAS over GRPO, {task} (Table {TABLE_OF_TASK.get(task, '?')[-1]} headline)"
     pooled = an.pooled.get(task, pd.DataFrame())
     if pooled.empty:
@@ -256,20 +256,87 @@ def claim_accuracy(an: Analysis, task: str) -> Judged:
         if len(r):
             per.append(f"{name} {_pts(*r[['mean', 'low', 'high']].iloc[0])}")
     k = int(an.acc[task]["k"].max()) if len(an.acc.get(task, [])) else 0
-    ours = (f"headline {fmt_gain(h['ours avg'])} avg@{k} / {fmt_gain(h['ours pass'])} pass@{k}; paired Δ avg@{k} "
-            f"{_pts(*av.loc['avg', ['mean', 'low', 'high']])} (Wilcoxon p = {av.loc['avg', 'p_value']:.2g}, "
-            f"{int(av.loc['avg', 'n_pairs'])} run pairs, {int(av.loc['avg', 'pairs_positive'])} > 0), pass@{k} "
-            f"{_pts(*av.loc['pass', ['mean', 'low', 'high']])}; " + ", ".join(per))
+    ours = (f"paired Δ avg@{k} {_pts(*av.loc['avg', ['mean', 'low', 'high']])} (Wilcoxon p = "
+            f"{av.loc['avg', 'p_value']:.2g}, {int(av.loc['avg', 'n_pairs'])} run pairs, "
+            f"{int(av.loc['avg', 'pairs_positive'])} > 0), pass@{k} {_pts(*av.loc['pass', ['mean', 'low', 'high']])}; "
+            + ", ".join(per))
     a = av.loc["avg"]
     verdict = REPRODUCED if a["mean"] > 0 and a["low"] > 0 else NOT_REPRODUCED
     return Judged(title, paper, ours, verdict, figures=(f"train_{task}", f"reward_stats_{task}"),
                   short=f"accuracy gain over GRPO, {task}",
-                  headline=f"{fmt_gain(h['ours avg'])} avg@{k} (paired {_pts(a['mean'], a['low'], a['high'])})",
-                  paper_headline=f"{fmt_gain(h['paper avg'])} avg@16" if h is not None else "")
+                  headline=f"{_pts(a['mean'], a['low'], a['high'])} avg@{k} (paired)",
+                  paper_headline=f"{fmt_pts(pp['avg'])} avg@16" if task in TABLE_OF_TASK else "")
 
 
 OFFICIAL_ABLATION = ("agent_traj", "traj_agent", "traj_traj")
 """The estimators of the reference code's ablation branch that are no paper column (docs/algorithms.md)."""
+
+
+def ablation_peaks(an: Analysis, task: str = "search") -> pd.DataFrame:
+    """Per Table 3 variant (and the pooled baseline), its runs' peak pre-clip norms on the ablation seeds: one row per
+    run with ``peak`` (the largest grad norm any agent logged), ``agent`` (whose) and ``adv_absmax`` (the largest |A|
+    it logged, NaN when not logged). From :attr:`Analysis.gradnorm` (the runs' logged norms)."""
+    gn = an.gradnorm
+    cols = ["variant", "estimator", "run", "seed", "agent", "peak", "adv_absmax"]
+    if gn.empty:
+        return pd.DataFrame(columns=cols)
+    seeds = an.ablation_seeds.get(task, [])
+    ag = an.data.agents
+    rows = []
+    for v in ABLATION:
+        g = gn[(gn["task"] == task) & (gn["setting"] == v.ours) & gn["seed"].isin(seeds)]
+        for run, r in g.groupby("run", sort=True):
+            top = r.loc[r["max"].idxmax()]
+            adv = ag.loc[ag["run"] == run, "adv_absmax"] if "adv_absmax" in ag else pd.Series(dtype=float)
+            rows.append({"variant": v.label.split(" ")[0], "estimator": v.estimator, "run": run, "seed": int(top["seed"]),
+                         "agent": top["agent"], "peak": float(top["max"]),
+                         "adv_absmax": float(adv.max()) if adv.notna().any() else np.nan})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _run_eps(an: Analysis, runs: Sequence[str]) -> float | None:
+    """The ε of the advantage denominator the runs were configured with (config.yaml's ``algo.eps``); None when
+    the runs disagree or record none."""
+    paths = an.data.runs.set_index("run")["path"]
+    seen = set()
+    for run in runs:
+        cfg = Path(str(paths.get(run, ""))) / "config.yaml"
+        seen.add((yaml.safe_load(cfg.read_text()) or {}).get("algo", {}).get("eps") if cfg.is_file() else None)
+    return seen.pop() if len(seen) == 1 and None not in seen else None
+
+
+def std_only_sentence(an: Analysis, task: str = "search") -> str:
+    """The (mu,sigma_k) variant's pre-clip norms in words, against Dr. MAS's peak and the next loudest setting of the
+    grid, with their cause and the paper's Table 3 value ("" when either variant has no run). One clause (no
+    top-level ``;``): every number is computed from the runs' logged norms, advantages and configs."""
+    peaks = ablation_peaks(an, task)
+    mixed = peaks[peaks["estimator"] == "drmas_std_only"]
+    drmas = peaks[peaks["estimator"] == "drmas"]
+    if mixed.empty or drmas.empty:
+        return ""
+    agents = list(dict.fromkeys(mixed.sort_values("seed")["agent"]))
+    where = (f"the {agents[0]} agent's in every seed" if len(agents) == 1 else
+             "agents " + ", ".join(f"{r.agent} (seed {r.seed})" for r in mixed.sort_values("seed").itertuples()))
+    gn = an.gradnorm
+    rest = gn[gn["setting"] != VARIANT["drmas_std_only"].ours].dropna(subset=["max"])
+    loudest = ""
+    if len(rest):
+        nxt = rest.loc[rest["max"].idxmax()]
+        loudest = (f", the largest of the whole grid (next: {nxt['setting']} at {nxt['max']:.3g})"
+                   if mixed["peak"].max() > nxt["max"] else f" (below {nxt['setting']}'s {nxt['max']:.3g})")
+    eps = _run_eps(an, list(mixed["run"]))
+    eps_text = f"ε (ε = {eps:g})" if eps is not None else "ε"
+    adv = (f" (its logged |A| reaches {mixed['adv_absmax'].max():.3g})" if mixed["adv_absmax"].notna().any() else "")
+    p3 = an.paper[(an.paper["table"] == "table3") & (an.paper["benchmark"] == "average")].set_index("setting")
+    tag, dr = VARIANT["drmas_std_only"].paper, VARIANT["drmas"].paper
+    paper = (f". The paper's Table 3 reports (μ,σk) at {p3.loc[tag, 'avg_at_16']:.1f} avg@16 / "
+             f"{p3.loc[tag, 'pass_at_16']:.1f} pass@16, next to Dr. MAS's {p3.loc[dr, 'avg_at_16']:.1f} / "
+             f"{p3.loc[dr, 'pass_at_16']:.1f}" if tag in p3.index and dr in p3.index else "")
+    seeds = ", ".join(str(x) for x in sorted(mixed["seed"]))
+    return (f"pre-clip norm of (μ,σk): per-run peaks {mixed['peak'].min():.3g} to {mixed['peak'].max():.3g} over seeds "
+            f"{seeds}, {where}{loudest}, against Dr. MAS's peak {drmas['peak'].max():.3g}. The cause: (μ,σk) divides "
+            f"x − μ, μ the task group's trajectory mean, by σk + {eps_text}, so in a group where all of an agent's "
+            f"steps score the same, σk = 0 while x − μ ≠ 0 and A = (x − μ)/ε{adv}{paper}")
 
 
 def claim_ablation(an: Analysis, task: str = "search") -> Judged:
@@ -293,6 +360,8 @@ def claim_ablation(an: Analysis, task: str = "search") -> Judged:
     ours = (f"order {' > '.join(short(o) + f' {100 * a:.1f}' for o, a in zip(order, four['avg']))} avg@k "
             f"(seeds {an.ablation_seeds.get(task)}); Kendall tau vs paper {tau:.2f}; Δ vs (mu,sigma): {gaps}"
             + (f"; the reference code's ablation estimators (no paper column): {off}" if off else ""))
+    if sentence := std_only_sentence(an, task):
+        ours += "; " + sentence
     return Judged(title, paper, ours, REPRODUCED if tau == 1 else NOT_REPRODUCED, headline=f"Kendall tau {tau:.2f}",
                   paper_headline="the order (tau = 1)", figures=(f"ablation_{task}",), short="Table 3 order")
 
@@ -309,21 +378,23 @@ HOMOGENEOUS = "homogeneous_drmas"
 def claim_hetero(an: Analysis) -> Judged:
     h = an.claims_paper.get("hetero", {})
     title = "heterogeneous assignment: same accuracy, lower latency and cost (Figure 5, search)"
-    paper = f"latency {fmt_gain(h.get('latency_change'))}, cost {fmt_gain(h.get('cost_change'))}, accuracy {h.get('accuracy', '')}"
+    p_lat, p_cost = (1 + h[k] if h.get(k) is not None else None for k in ("latency_change", "cost_change"))
+    paper = (f"latency {fmt_ratio(p_lat)}, cost {fmt_ratio(p_cost)} (hetero / homogeneous), accuracy "
+             f"{h.get('accuracy', '')}")
     s = an.efficiency_summary
     if s.empty or s["setting"].nunique() < 2:
         return Judged(title, paper, "hetero_drmas or nonsharing_drmas not run", NOT_RUN)
     s = s.set_index("setting")
     ref = hetero_reference(an.data)
     ho, ht = s.loc[ref], s.loc["hetero_drmas"]
-    lat = ht["generate_s"] / ho["generate_s"] - 1
-    cost = ht["cost"] / ho["cost"] - 1
+    lat = ht["generate_s"] / ho["generate_s"]
+    cost = ht["cost"] / ho["cost"]
     d = an.hetero_delta
     if d.empty:
         return Judged(title, paper, f"no seed with both hetero_drmas and {hetero_reference(an.data)}", NOT_RUN)
     d = d[(d["benchmark"] == "average")].set_index("metric")
-    ours = (f"generation s/step {ht['generate_s']:.2f} vs {ho['generate_s']:.2f} ({fmt_gain(lat)}), cost/step "
-            f"{fmt_gain(cost)}, tokens/step {ht['tokens']:.0f} vs {ho['tokens']:.0f}; Δ avg@k "
+    ours = (f"generation s/step {ht['generate_s']:.2f} vs {ho['generate_s']:.2f} ({fmt_ratio(lat)}), cost/step "
+            f"{fmt_ratio(cost)}, tokens/step {ht['tokens']:.0f} vs {ho['tokens']:.0f}; Δ avg@k "
             f"{_pts(*d.loc['avg', ['mean', 'low', 'high']])}, pass@k {_pts(*d.loc['pass', ['mean', 'low', 'high']])} "
             f"({int(ht['seeds'])} seed(s); reference: {ref})")
     if d.loc["avg", "low"] > 0:
@@ -331,11 +402,11 @@ def claim_hetero(an: Analysis) -> Judged:
                  "base, so the accuracy part mixes the assignment with base-model quality; the latency and cost parts "
                  "are the comparable ones")
     no_loss = d.loc["avg", "high"] >= 0  # the CI includes 0 or lies above it
-    verdict = REPRODUCED if lat < 0 and cost < 0 and no_loss else NOT_REPRODUCED
+    verdict = REPRODUCED if lat < 1 and cost < 1 and no_loss else NOT_REPRODUCED
     return Judged(title, paper, ours, verdict, figures=("hetero_search",), short="heterogeneous assignment",
-                  headline=f"latency {fmt_gain(lat)}, cost {fmt_gain(cost)}, "
+                  headline=f"latency {fmt_ratio(lat)}, cost {fmt_ratio(cost)}, "
                            f"Δ avg {_pts(*d.loc['avg', ['mean', 'low', 'high']])}",
-                  paper_headline=f"latency {fmt_gain(h.get('latency_change'))}, cost {fmt_gain(h.get('cost_change'))}")
+                  paper_headline=f"latency {fmt_ratio(p_lat)}, cost {fmt_ratio(p_cost)}")
 
 
 POOLED_ESTIMATORS = ("pooled_grpo", "drmas", "trajectory_grpo")
@@ -357,6 +428,8 @@ def claim_pooled(an: Analysis, task: str = "search") -> Judged:
         if len(g):
             sp.append(f"{v.label.split(' ')[0] if v.estimator != 'pooled_grpo' else 'pooled'}: {int(g['spikes'].sum())} spikes, "
                       f"max norm {g['max'].max():.3g}")
+    if sentence := std_only_sentence(an, task):
+        sp.append(sentence)
     return Judged(title, "not in the paper", "; ".join(parts + sp), FINDING, paper_headline="-",
                   figures=(f"ablation_{task}",), short="pooled step-level baseline (extra)")
 
@@ -391,36 +464,95 @@ def class_sweep_runs(an: Analysis) -> pd.DataFrame:
     return an.mechanism_data.runs if an.mechanism_data is not None else an.data.runs.iloc[0:0]
 
 
+GLOSS_PTS = ("pts = absolute percentage points, Dr. MAS − GRPO of avg@k (Terms); paired = the "
+             "difference per (seed, assignment) run pair over the same eval tasks; the paper's number is the same "
+             "difference of its Average rows, averaged over its four multi-agent settings (2 models x sharing / "
+             "non-sharing)")
+STABILITY_LABELS = {
+    "b-revisited": ("S-b", "twin = the Dr. MAS run of the same lr and seed; counts = GRPO steps that spike in their own "
+                           "history (> 3x the median of the previous 20 steps) and are >= 2x the twin's pre-clip norm at "
+                           "that step, against the same count the other way; p_Holm = binomial test, Holm over agents"),
+    "g": ("S-g", "collapsed = runs with a collapse (Terms) out of the estimator's runs; frontier = the largest lr at "
+                 "which no seed of the estimator collapsed (and no lower lr did)"),
+    "accuracy-over-time": ("S-acc", "auc = Dr. MAS − GRPO of the time-averaged avg@k (area under the eval curve / its "
+                                    "step span) in pts, paired by seed and task; last = the same at the last evaluation; "
+                                    "[low, high] = 95 % bootstrap interval over tasks"),
+}
+"""REPORT.md label and gloss of each stability claim of the search grid; another system's carry its name (S-b-math)."""
+CONFIRM_LABELS = {
+    "C1": ("C1", "HR = Cox hazard ratio of collapse (Terms), GRPO / Dr. MAS, stratified by lr (> 1: GRPO collapses "
+                 "sooner) with its 95 % CI; p = one-sided stratified log-rank test"),
+    "C2": ("C2", "abandonment (Terms); k/n = runs that abandoned an agent out of the finished runs; p = one-sided "
+                 "Cochran-Mantel-Haenszel test over the lrs"),
+    "C3": ("C3", "ratio = GRPO / Dr. MAS of the p95 pre-clip norm over steps 0-39 of a twin pair (the Dr. MAS run of the "
+                 "same lr and seed), median over pairs; k/n above = pairs whose ratio is > 1"),
+    "C4": ("C4", "LR50 = the lr at which an estimator's fitted collapse probability crosses 1/2 (the C4 frontier); "
+                 "ratio = LR50(Dr. MAS) / LR50(GRPO) with its bootstrap CI; \"below the grid\": every run of the "
+                 "estimator collapsed, so its LR50 lies below the lowest lr tried (no point estimate: —)"),
+    "C5": ("C5", "update ratio = GRPO / Dr. MAS of the norm of the applied parameter update per twin pair, with the "
+                 "clip on and off; HR as in C1, in the clip-off arm"),
+    "accuracy-confirm": ("C-acc", "auc as in S-acc (Dr. MAS − GRPO of the time-averaged avg@4, pts) per main-arm lr, "
+                                  "Holm over the 3 lrs (a secondary measure, not one of C1-C5)"),
+}
+"""REPORT.md label and gloss of each confirmatory claim (keys of :data:`analysis.confirm.CLAIMS`)."""
+
+
+def stability_label(key: str) -> tuple[str, str]:
+    """(label, gloss) of a stability claim key (``g``, ``g-math``, ...)."""
+    base = next(k for k in sorted(STABILITY_LABELS, key=len, reverse=True) if key == k or key.startswith(k + "-"))
+    label, gloss = STABILITY_LABELS[base]
+    return label + key[len(base):], gloss
+
+
 CLAIMS = (
-    ClaimSpec("a", judge=claim_lemma, design_runs=sweep_runs, rule=(
+    ClaimSpec("a", judge=claim_lemma, design_runs=sweep_runs, label="a1", gloss=(
+        "factor = the Lemma factor (Terms) of an agent under trajectory GRPO, mean over the run's steps; grad-norm "
+        "ratio = that agent's mean pre-clip norm under GRPO / under Dr. MAS at the same (miss rate, seed); rho = "
+        "Spearman rank correlation over the (miss rate, seed, agent) points; E_k[A²] = the agent's mean squared "
+        "advantage"), rule=(
         "decided on the mechanism sweep (trajectory GRPO vs Dr. MAS, same seeds; analysis/mechanism.py): not run with "
         f"fewer than {MIN_POINTS} (level, seed, agent) points; not produced if no agent's mean Lemma factor under GRPO "
         f"reaches {FACTOR_REGIME:g}; else reproduced if the GRPO/Dr. MAS grad-norm ratio rises with the factor "
         "(Spearman rho > 0, p < 0.05), not reproduced otherwise. Without a sweep, the same rule on the main grid's "
         "(setting, seed, agent) pairs")),
-    ClaimSpec("a", judge=claim_lemma_classes, rule=CLASS_RULE, design_runs=class_sweep_runs),
-    ClaimSpec("b", judge=claim_spikes, design_runs=main_runs(settings=PAIR_SETTINGS), rule=(
+    ClaimSpec("a", judge=claim_lemma_classes, rule=CLASS_RULE, design_runs=class_sweep_runs, label="a2", gloss=(
+        "class-aware factor (Terms); predicted ratio = √(class-aware factor), the paper's √F with F the Lemma factor; "
+        "measured / predicted = the grad-norm ratio of a1 over its prediction; rho as in a1; distinct share = the "
+        "share of distinct (prompt, response) pairs in a group")),
+    ClaimSpec("b", judge=claim_spikes, design_runs=main_runs(settings=PAIR_SETTINGS), label="b", gloss=(
+        "spike (Terms); counts summed over the main grid's GRPO / Dr. MAS agent pairs (same task, assignment, seed, "
+        "agent); max norm / p95 = the largest / 95th-percentile pre-clip norm of an agent over the run's steps"), rule=(
         "needs GPU scale if GRPO runs show no spike and no non-finite norm (nothing to remove); else reproduced if "
         "Dr. MAS has fewer spikes + non-finite norms than GRPO and a lower max grad norm in most agent pairs, "
         "not reproduced otherwise")),
-    *(ClaimSpec("c", judge=partial(claim_accuracy, task=task), design_runs=main_runs([task], PAIR_SETTINGS), rule=(
+    *(ClaimSpec("c", judge=partial(claim_accuracy, task=task), design_runs=main_runs([task], PAIR_SETTINGS),
+                label=f"c-{task}", gloss=GLOSS_PTS, rule=(
         "reproduced if the paired Dr. MAS - GRPO difference of avg@k (Average over benchmarks, pooled over sharing, "
         "non-sharing and seeds) is > 0 and its 95 % CI excludes 0; not reproduced otherwise"))
       for task in ("math", "search")),
-    ClaimSpec("d", judge=claim_ablation, design_runs=main_runs(["search"], [v.ours for v in ABLATION]), rule=(
+    ClaimSpec("d", judge=claim_ablation, design_runs=main_runs(["search"], [v.ours for v in ABLATION]), label="d",
+              gloss=("avg@k of the Average row per variant, percent (μ, σ: the task group's trajectory statistics; "
+                     "μk, σk: agent k's); Kendall tau = rank agreement of our order with the paper's (1 = the same "
+                     "order); Δ in pts; pre-clip norm (Terms)"), rule=(
         "reproduced if our avg@k order of the four variants equals the paper's (Kendall tau = 1); the paired "
         "differences to (mu,sigma) show which gaps the CIs resolve")),
     ClaimSpec("e", judge=claim_hetero, design_runs=main_runs(["search"], lambda an: [hetero_reference(an.data), "hetero_drmas"]),
-              rule=(
+              label="e", gloss=(
+        "latency = generation seconds per step, cost = USD per step at analysis/data's prices; × = hetero / "
+        "homogeneous (below 1: faster, cheaper); Δ avg = avg@k hetero − homogeneous Dr. MAS, in pts"), rule=(
         "reproduced if hetero has lower generation time and lower cost per step and its paired accuracy difference "
         "to homogeneous Dr. MAS has a 95 % CI that includes 0 or lies above it; not reproduced otherwise")),
     ClaimSpec("f", judge=claim_pooled, design_runs=main_runs(["search"], [VARIANT[e].ours for e in POOLED_ESTIMATORS]),
-              rule=(
+              label="f", gloss=(
+        "pooled = one z-score over every step row of a task group (steps, not trajectories); Δ avg@k in pts; max norm "
+        "= the largest pre-clip norm (Terms) any agent of the variant logged on the ablation seeds"), rule=(
         "no verdict (the paper does not run it): paired differences of pooled step-level normalization to "
         "agent-wise and to trajectory GRPO, and its spikes")),
-    *(ClaimSpec(key, judge=lambda an, judge=judge, task=task: judge(an.stability[task]), rule=rule)
+    *(ClaimSpec(key, judge=lambda an, judge=judge, task=task: judge(an.stability[task]), rule=rule,
+                label=stability_label(key)[0], gloss=stability_label(key)[1])
       for task in stability.TASKS for key, judge, rule in stability.judges(task)),
-    *(ClaimSpec(key, judge=lambda an, key=key: confirm.judge(an.confirm, key), rule=rule)
+    *(ClaimSpec(key, judge=lambda an, key=key: confirm.judge(an.confirm, key), rule=rule,
+                label=CONFIRM_LABELS.get(key, (key, ""))[0], gloss=CONFIRM_LABELS.get(key, (key, ""))[1])
       for key, (_, rule) in confirm.CLAIMS.items()),
 )
 """The paper's claims in REPORT.md order; each carries its rule, its inputs and its verdict function."""
@@ -509,6 +641,49 @@ def _scale_text(scale: dict[str, Any]) -> str:
             "about the mechanism (gradient statistics, the direction of effects), not the paper's absolute numbers.")
 
 
+TERMS = (
+    ("pts", "absolute percentage points of avg@k / pass@k (a difference of two accuracies, e.g. Dr. MAS − GRPO); the "
+            "report's one convention for gains, the paper's gains recomputed the same way from paper_tables.csv"),
+    ("avg@k / pass@k", "mean success over k samples per eval task / success of any of the k (k = 16 in the paper)"),
+    ("±, [low, high]", "95 % bootstrap interval over eval tasks (± its half-width); p = the named test's p-value"),
+    ("×", "a ratio of two times or costs (hetero / homogeneous); below 1 is faster or cheaper"),
+    ("Lemma factor", "F_k = (σk² + (μk − μ)²)/σ², μ, σ the group's statistics and μk, σk agent k's (the paper's "
+                     "Lemma 4.2): how much the global baseline inflates agent k's gradient second moment E‖A·z‖² "
+                     "over agent-wise normalization (F_k = 1 under Dr. MAS); logged per agent and step"),
+    ("class-aware factor", "Σ_g Σ_c S_c(b)² / Σ_g Σ_c S_c(Dr. MAS)², S_c the sum of the advantages of a class c of "
+                           "identical (prompt, response) samples, which share one gradient: the squared grad-norm "
+                           "ratio of baseline b over Dr. MAS when class gradients are orthogonal and of equal norm "
+                           "(analysis/class_aware.py); its square root is the predicted ratio"),
+    ("grad-norm ratio", "an agent's mean pre-clip norm under a global baseline (GRPO) / under Dr. MAS, same seed and "
+                        "setting"),
+    ("rho", "Spearman rank correlation (a1, a2: over the sweep's (miss rate, seed, agent) points)"),
+    ("pre-clip norm", "L2 norm of one agent's policy-gradient before gradient clipping (agent/{k}/grad_norm, the "
+                      "norm the clip then caps)"),
+    ("spike", "a step whose pre-clip norm is > 3x the median of the agent's previous 20 steps (at least 5 of them), "
+              "or non-finite (drmas/algos/diagnostics.py)"),
+    ("twin", "the Dr. MAS run of the same lr and seed as a GRPO run (S-b, C3, C5 compare them step by step)"),
+    ("collapse", "S-g: a run's first non-finite norm or skipped step, or its 10-step mean reward <= half its running "
+                 "peak for 20 steps, or (search) its 10-step mean Search calls per trajectory < 1/4 of steps 0-9 for "
+                 "20 steps; C1-C5: the non-finite and reward clauses plus the abandonment of any agent"),
+    ("abandonment", "an agent's 10-step mean calls per trajectory below 1/4 of its early level for 20 steps"),
+    ("frontier", "S-g: the largest lr at which no seed of an estimator collapsed (and no lower lr did); C4 (LR50): "
+                 "the lr at which its collapse probability crosses 1/2, from a logistic fit of collapse on log2(lr) "
+                 "(analysis/confirm.py)"),
+    ("HR", "Cox hazard ratio of collapse, GRPO / Dr. MAS, stratified by lr (> 1: GRPO collapses sooner)"),
+    ("auc", "time-averaged avg@k: the area under the eval curve / its step span"),
+    ("Kendall tau", "rank agreement of our order of the four Table 3 variants with the paper's (1 = the same order)"),
+    ("exploratory / confirmatory", "the stability grids (3 seeds, rules that could only say \"not reproduced\") / "
+                                   "the confirmatory round (fresh seeds, rules and power written before its runs)"),
+    ("incomplete (n of N runs)", "a verdict computed on fewer finished runs than its design holds"),
+)
+"""The report's Terms section: (term, one line)."""
+
+
+def terms_section() -> list[str]:
+    """REPORT.md's glossary: one line per term of :data:`TERMS`."""
+    return ["", "## Terms", "", *(f"- **{term}**: {text}." for term, text in TERMS)]
+
+
 def report_markdown(an: Analysis, claims: list[Claim], out: Path, tables_dir: Path, figures: list[Path],
                     runs_dir: Path, mechanism_dir: Path | None = None, stability_dirs: Sequence[Path] = ()) -> str:
     """REPORT.md: the verdict table (claim, the paper's number, ours in one number, verdict), the scale, then one
@@ -520,16 +695,20 @@ def report_markdown(an: Analysis, claims: list[Claim], out: Path, tables_dir: Pa
              + (f" --mechanism {mechanism_dir}" if mechanism_dir else "")
              + (f" --stability {' '.join(map(str, stability_dirs))}" if stability_dirs else "")
              + (f" --confirm {an.confirm.data.root}" if an.confirm is not None else "") + "`; every number below is computed from the run "
-             "directories (the paper's from `analysis/data/`). Percent points (pts) are Dr. MAS − GRPO unless named; ± "
-             "is the half-width of a 95 % bootstrap interval over eval tasks.", "",
+             "directories (the paper's from `analysis/data/`). Gains are absolute percentage points (pts), Dr. MAS − "
+             "GRPO unless named, the paper's recomputed the same way; ± is the half-width of a 95 % bootstrap interval "
+             "over eval tasks; the terms are defined under [Terms](#terms).", "",
              "The *design* column says which test judged a claim: the main grid's pre-registered rules, the stability "
              "grids (**exploratory**: 3 seeds, a test that could only say \"not reproduced\"), or the confirmatory "
              "round (**confirmatory**: fresh seeds, rules and power statements committed before its runs, "
-             "docs/stability.md).", "",
-             "| | claim | design | paper | ours | verdict |", "|---|---|---|---|---|---|"]
+             "docs/stability.md). Labels: a1-f the main grid (the paper's claims a-f), S-... the exploratory "
+             "stability grids (S-b revisits b, S-g is claim g, collapse; -math: the math system), C1-C5 and C-acc "
+             "the confirmatory round.", "",
+             "| label | claim | design | paper | ours | verdict |", "|---|---|---|---|---|---|"]
     for c in claims:
-        lines.append(f"| {c.key} | [{c.claim}](#{_anchor(c)}) | {c.design} | {c.paper_headline} | {c.headline} | "
+        lines.append(f"| {c.label} | [{c.claim}](#{_anchor(c)}) | {c.design} | {c.paper_headline} | {c.headline} | "
                      f"**{c.verdict}** |".replace("\n", " "))
+    lines += terms_section()
     lines += ["", "**Scale.** " + _scale_text(an.scale)]
     for c in claims:
         lines += claim_section(c, pngs, out)
@@ -554,13 +733,14 @@ SECTION_FIGURES = 2
 
 def _anchor(c: Claim) -> str:
     """GitHub's anchor of the claim's section heading."""
-    heading = f"{c.key} {c.claim}".lower()
+    heading = f"{c.label or c.key} {c.claim}".lower()
     return re.sub(r"[^\w\- ]", "", heading).replace(" ", "-")
 
 
 def claim_section(c: Claim, pngs: dict[str, Path], out: Path) -> list[str]:
     """One claim's REPORT.md section: verdict, rule, the paper's statement, our statistics, its figures."""
-    lines = ["", f"## {c.key} {c.claim}", "", f"**{c.verdict}**: ours {c.headline}; paper {c.paper_headline}.", "",
+    lines = ["", f"## {c.label or c.key} {c.claim}", "", *([f"*Terms:* {c.gloss}.", ""] if c.gloss else []),
+             f"**{c.verdict}**: ours {c.headline}; paper {c.paper_headline}.", "",
              f"- **Rule.** {c.rule}", f"- **Paper.** {c.paper}", "- **Ours.**",
              *(f"  - {d}" for d in c.details)]
     shown = [pngs[s] for s in c.figures if s in pngs]
@@ -574,8 +754,8 @@ def claim_section(c: Claim, pngs: dict[str, Path], out: Path) -> list[str]:
 def summary_text(claims: list[Claim], report: Path) -> str:
     """What the terminal shows after the analysis: one line per claim (key, verdict, ours in one number)."""
     width = max(len(c.verdict) for c in claims) if claims else 0
-    key_width = max(len(c.key) for c in claims) if claims else 0
-    rows = [f"  {c.key:<{key_width}}  {c.verdict:<{width}}  {c.short}: {c.headline}" for c in claims]
+    key_width = max(len(c.label or c.key) for c in claims) if claims else 0
+    rows = [f"  {c.label or c.key:<{key_width}}  {c.verdict:<{width}}  {c.short}: {c.headline}" for c in claims]
     return "\n".join(["claims (verdict, ours in one number):", *rows, f"full report: {report}"])
 
 
@@ -622,7 +802,8 @@ def write_report(runs: Path, out: Path = Path("results"), figures_dir: Path = Pa
             fig_paths += figs.save(stability.fig_gradnorm_over_steps(an.confirm.data, main_arm), figures_dir,
                                    "stability_gradnorm_search_confirm")
     claims = build_claims(an)
-    pd.DataFrame([{"key": c.key, "claim": c.claim, "paper": c.paper, "ours": c.ours, "verdict": c.verdict,
+    pd.DataFrame([{"label": c.label or c.key, "key": c.key, "claim": c.claim, "paper": c.paper, "ours": c.ours,
+                   "verdict": c.verdict,
                    "headline": c.headline, "rule": c.rule} for c in claims]).to_csv(tables_dir / "claims.csv", index=False)
     path = Path(out) / "REPORT.md"
     atomic_write_text(path, report_markdown(an, claims, Path(out), tables_dir, fig_paths, Path(runs), mechanism,

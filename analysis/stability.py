@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -510,7 +509,7 @@ PAPER = {
                "accuracy-over-time": "search non-sharing: Dr. MAS above GRPO over training (Figure 8)"},
     "math": {"b-revisited": "the paper's spike-and-NaN example is the search system; none is reported for math",
              "g": "no collapse reported for math",
-             "accuracy-over-time": "math: Dr. MAS above GRPO at the end of training (Table 1, +5.6 avg)"},
+             "accuracy-over-time": "math: Dr. MAS above GRPO at the end of training (Table 1, +3.2 pts avg@16)"},
 }
 """The paper's expectation per system and claim."""
 
@@ -631,12 +630,14 @@ def norm_marks(norms: np.ndarray, spikes: np.ndarray | None) -> tuple[np.ndarray
 def fig_gradnorm_over_steps(data: GridData, runs: pd.DataFrame, in_progress: pd.DataFrame | None = None):
     """Figure-4 analogue: per-agent pre-clip grad norm over steps, one panel per agent (rows) x learning rate
     (columns). Per estimator (GRPO red, Dr. MAS blue) the median over seeds, smoothed by a trailing rolling median
-    of ROLL steps, with a band from the seeds' 25th to 75th percentile (raw seed lines would overlap). Steps at which
+    of ROLL steps, with a band from the seeds' 25th to 75th percentile (:func:`analysis.plotting.seed_band`; raw
+    seed lines would overlap). Steps at which
     an agent was not called (no norm logged) are drawn apart from non-finite norms: a grey tick at the panel's
     bottom per seed ("not called") against a triangle at its top ("non-finite": a logged non-finite norm, flagged
     as a spike). Runs not finished yet (``in_progress``) are drawn dashed, and only then does the legend say so.
     None without runs."""
     from analysis.figures import _figure
+    from analysis.plotting import finish, seed_band
 
     partial = in_progress is not None and len(in_progress) > 0
     if partial:
@@ -668,12 +669,9 @@ def fig_gradnorm_over_steps(data: GridData, runs: pd.DataFrame, in_progress: pd.
                 y = wide.to_numpy(float)
                 not_called, nonfinite = norm_marks(y, spikes.to_numpy(float) if spikes is not None else None)
                 positive = np.where(np.isfinite(y) & (y > 0), y, np.nan)
-                with np.errstate(all="ignore"), warnings.catch_warnings():
-                    warnings.simplefilter("ignore", RuntimeWarning)  # a step at which no seed has a norm
-                    logs = np.log10(positive)
-                    mid = pd.Series(np.nanmedian(logs, axis=1), index=steps_all).rolling(ROLL, min_periods=1).median()
-                    lo = pd.Series(np.nanpercentile(logs, 25, axis=1), index=steps_all).rolling(ROLL, min_periods=1).median()
-                    hi = pd.Series(np.nanpercentile(logs, 75, axis=1), index=steps_all).rolling(ROLL, min_periods=1).median()
+                with np.errstate(all="ignore"):
+                    mid, lo, hi = (pd.Series(v, index=steps_all).rolling(ROLL, min_periods=1).median()
+                                   for v in seed_band(np.log10(positive), "iqr"))
                 dashed = bool(cell["partial"].any())
                 label = f"{names.get(est, est)} (median of {len(cell)} seeds, band: 25-75 %)" + (
                     ", dashed: runs in progress" if dashed else "")
@@ -711,6 +709,7 @@ def fig_gradnorm_over_steps(data: GridData, runs: pd.DataFrame, in_progress: pd.
     task = task_of(data)
     fig.suptitle(f"{task.capitalize()} system, non-sharing: per-agent pre-clip gradient norm, GRPO vs Dr. MAS "
                  f"(rolling median of {ROLL} steps over seeds)", fontsize=9)
+    finish(fig)
     fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=6, frameon=False)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig

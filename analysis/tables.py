@@ -5,7 +5,7 @@ Numbers are fractions internally and percent in the written tables (as in the pa
 mean over seeds with a 95 % bootstrap interval over eval tasks (:mod:`analysis.stats`), written ``mean ± half-width``
 (the CSV keeps mean, low, high). Δ = Dr. MAS − GRPO of the same assignment, paired by seed and task.
 
-Headline gain, the paper's way (NOTES §5): ``sum(Dr. MAS Average) / sum(GRPO Average) - 1`` over the multi-agent
+Headline gain, the paper's way (docs/paper.md §5): ``sum(Dr. MAS Average) / sum(GRPO Average) - 1`` over the multi-agent
 settings {sharing, non-sharing} and, for the paper, its two models. The paper's printed gains (+5.6 % / +4.6 % math,
 +15.2 % / +13.1 % search) are reproduced when each Average is the unrounded mean of the per-benchmark values;
 summing the printed (rounded) Average rows gives +13.0 % for search pass@16 instead of +13.1 %
@@ -97,6 +97,26 @@ def headline_gain(averages: pd.DataFrame) -> dict[str, float]:
         gr = sum(by[p[1]] for p in used)
         out[metric] = float(dr / gr - 1) if used and gr > 0 else np.nan
     return out
+
+
+def headline_gain_pts(averages: pd.DataFrame) -> dict[str, float]:
+    """The absolute form of :func:`headline_gain` (REPORT.md's one convention for gains): the mean over the
+    (model, assignment) pairs of Dr. MAS − GRPO of the Average rows, as a fraction (0.032 = +3.2 points). The same
+    pairs enter as in :func:`headline_gain`."""
+    out = {}
+    for metric in METRICS:
+        by = averages.groupby("setting")[metric].sum(min_count=1)
+        counts = averages.groupby("setting")[metric].count()
+        used = [p for p in PAIRS.values() if counts.get(p[0], 0) == counts.get(p[1], 0) > 0]
+        n = sum(int(counts[p[0]]) for p in used)
+        out[metric] = float(sum(by[p[0]] - by[p[1]] for p in used) / n) if n else np.nan
+    return out
+
+
+def paper_gain_pts(paper: pd.DataFrame, task: str, source: str = "benchmarks") -> dict[str, float]:
+    """The paper's headline gains of one task in points (:func:`headline_gain_pts`; ``source`` as in
+    :func:`paper_averages`)."""
+    return headline_gain_pts(paper_averages(paper, task, source))
 
 
 def paper_averages(paper: pd.DataFrame, task: str, source: str = "benchmarks") -> pd.DataFrame:
@@ -231,7 +251,18 @@ def fmt_ci(mean: float, low: float, high: float, digits: int = 1, signed: bool =
 
 
 def fmt_gain(g: float) -> str:
+    """A relative gain (tables only; REPORT.md gives gains in points, :func:`fmt_pts`)."""
     return "—" if g is None or not np.isfinite(g) else f"{100 * g:+.1f} %"
+
+
+def fmt_pts(g: float) -> str:
+    """An absolute gain in percentage points: ``+3.2 pts`` (``g`` a fraction)."""
+    return "—" if g is None or not np.isfinite(g) else f"{100 * g:+.1f} pts"
+
+
+def fmt_ratio(r: float) -> str:
+    """A ratio of two costs or times: ``× 0.81`` (REPORT.md writes no relative change in percent)."""
+    return "—" if r is None or not np.isfinite(r) else f"× {r:.2f}"
 
 
 def accuracy_table(acc: pd.DataFrame, deltas: pd.DataFrame, metric: str, settings: Sequence[str] = SETTINGS) -> pd.DataFrame:

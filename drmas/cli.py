@@ -1,10 +1,12 @@
-"""The drmas command line: train, sft, eval, config, data (``drmas --help`` lists them with examples).
+"""The drmas command line: train, sft, eval, summary, config, env, data (``drmas --help`` lists them with examples).
 
     drmas train CONFIG.yaml [key.sub=value ...]     SFT warm-up of missing models, then RL
     drmas sft CONFIG.yaml [overrides]               only the warm-up
     drmas eval RUN_DIR [overrides]                  evaluation of a finished run's checkpoint
+    drmas summary RUN_DIR                           a run's evaluations, step time, files; summary.md with curves
     drmas config show CONFIG.yaml [overrides]       the effective config, each field with its description
     drmas config list                               the shipped configs
+    drmas env                                       versions and devices, for a bug report
     drmas data prepare {math,search} [options]      write the data files a run needs
 """
 from __future__ import annotations
@@ -16,23 +18,31 @@ import sys
 from contextlib import nullcontext
 from pathlib import Path
 
-from drmas.checkpoints import CheckpointDamaged, CheckpointMismatch
 from drmas.config import ConfigError, load_config
-from drmas.config.identity import STALE_POLICIES, ConfigDrift
-from drmas.io import JsonlDamaged, WriteFailed
-from drmas.locks import FolderLocked
+from drmas.config.identity import STALE_POLICIES
 from drmas.preflight import check_before_work
 from drmas.shutdown import children_end_with_me
-from drmas.loggers import LoggerUnavailable
-from drmas.tasks import ToolFailure, ToolUnavailable
-from drmas.trainer.health import NonFiniteStop, WorkerGroupLost
-from envs.search.corpus import CorpusMismatch
 
-EXIT_CODES: dict[type[Exception], int] = {ConfigError: 2, FolderLocked: 1, CheckpointDamaged: 1, CheckpointMismatch: 1,
-                                          JsonlDamaged: 1, WriteFailed: 1, ConfigDrift: 2,
-                                          ToolUnavailable: 1, ToolFailure: 1, NonFiniteStop: 1, WorkerGroupLost: 1,
-                                          LoggerUnavailable: 1, CorpusMismatch: 1}
-"""Errors reported as one ``drmas: message`` line (no traceback), with their exit codes."""
+
+CONFIG_ERROR_EXIT = 2
+"""The exit code of a bad config (and of a run folder made with another config, :class:`ConfigDrift`)."""
+
+
+def exit_codes() -> dict[type[Exception], int]:
+    """Errors reported as one ``drmas: message`` line (no traceback), with their exit codes. Imported here, when
+    a command has failed, so that ``drmas --help`` and a config error import neither torch nor pandas."""
+    from drmas.checkpoints import CheckpointDamaged, CheckpointMismatch
+    from drmas.config.identity import ConfigDrift
+    from drmas.io import JsonlDamaged, WriteFailed
+    from drmas.locks import FolderLocked
+    from drmas.loggers import LoggerUnavailable
+    from drmas.tasks import ToolFailure, ToolUnavailable
+    from drmas.trainer.health import NonFiniteStop, WorkerGroupLost
+    from envs.search.corpus import CorpusMismatch
+
+    return {ConfigError: CONFIG_ERROR_EXIT, ConfigDrift: CONFIG_ERROR_EXIT, FolderLocked: 1, CheckpointDamaged: 1,
+            CheckpointMismatch: 1, JsonlDamaged: 1, WriteFailed: 1, ToolUnavailable: 1, ToolFailure: 1, NonFiniteStop: 1,
+            WorkerGroupLost: 1, LoggerUnavailable: 1, CorpusMismatch: 1}
 
 
 def _setup_logging(level: str) -> None:
@@ -41,12 +51,12 @@ def _setup_logging(level: str) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from drmas.trainer.run_folder import claim_run_folder
+    cfg = load_config(args.config, args.overrides, plugins=args.plugin)
+    check_before_work(cfg, train=not args.sft_only)
+    from drmas.trainer.run_folder import claim_run_folder  # torch: imported once the config is known to be good
     from drmas.trainer.trainer import Trainer
     from drmas.trainer.warmup import warmup
 
-    cfg = load_config(args.config, args.overrides, plugins=args.plugin)
-    check_before_work(cfg, train=not args.sft_only)
     if cfg.train.threads:
         import torch
 
@@ -64,7 +74,9 @@ def cmd_train(args: argparse.Namespace) -> int:
             trainer.train(progress=not args.no_progress)
         finally:
             trainer.close()
-    print(f"run complete: {cfg.run_dir}")
+    from drmas.summary import read_summary, summary_text
+
+    print(summary_text(read_summary(cfg.run_dir)))  # what `drmas summary RUN_DIR` prints
     return 0
 
 
@@ -115,6 +127,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_summary(args: argparse.Namespace) -> int:
+    """Print the summary of a run folder, finished or not (:mod:`drmas.summary`), and write ``summary.md`` with
+    its curves (``summary.png``) into it."""
+    from drmas.summary import read_summary, summary_text, write_summary
+
+    path = write_summary(read_summary(args.run_dir))
+    print(summary_text(read_summary(args.run_dir)))  # read again: its files now include summary.md
+    print(f"wrote {path}")
+    return 0
+
+
 def cmd_config_show(args: argparse.Namespace) -> int:
     from drmas.config.describe import describe_config
     from drmas.config.loader import import_plugins
@@ -151,7 +174,9 @@ examples:
   drmas train experiments/configs/cpu/math_base.yaml algo.estimator=trajectory_grpo name=grpo
   drmas config show experiments/configs/cpu/search_base.yaml train.steps=5  # what a run would use, explained
   drmas config list                                                         # the shipped configs
-  drmas eval results/runs/grpo                                              # evaluate a run's latest checkpoint
+  drmas eval runs/grpo                                                      # evaluate a run's latest checkpoint
+  drmas summary runs/grpo                                                   # its evaluations, files; summary.md
+  drmas env                                                                 # versions and devices, for a bug report
 
 the whole suite (grid, tables, figures, REPORT.md):  bash experiments/run_all.sh
 analysis of a grid directory:  python -m analysis.report --runs results/runs/cpu   (docs/analysis.md)
@@ -174,9 +199,33 @@ PLUGIN_HELP = ("a plug-in imported before the config is validated, in every proc
                "the config's `plugins`, so the run's config.yaml records it (repeatable)")
 
 
+DATA_KINDS = {"math": "envs.math.prepare", "search": "envs.search.prepare"}
+"""``drmas data prepare KIND``: the module whose ``add_arguments`` and ``run`` prepare that data."""
+
+
 def cmd_data(args: argparse.Namespace) -> int:
-    result = args.prepare_run(args)
+    result = args.prepare_run(args.prepare_args)
     print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+def _parse_data_options(args: argparse.Namespace, options: list[str]) -> None:
+    """``drmas data prepare KIND OPTIONS``: parse the options with the kind's own parser, imported only now (so
+    ``drmas --help`` imports no environment)."""
+    import importlib
+
+    module = importlib.import_module(DATA_KINDS[args.kind])
+    parser = argparse.ArgumentParser(prog=f"drmas data prepare {args.kind}", description=module.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    module.add_arguments(parser)
+    args.prepare_args, args.prepare_run = parser.parse_args(options), module.run
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from drmas.about import environment, environment_text
+
+    env = environment()
+    print(json.dumps(env, indent=2) if args.json else environment_text(env))
     return 0
 
 
@@ -184,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(prog="drmas", description=MAIN_HELP, formatter_class=raw)
     parser.add_argument("--log-level", default="info", help="debug, info (default), warning or error")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,sft,eval,config,data}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,sft,eval,summary,config,env,data}")
     for name, helptext in (("train", "SFT warm-up of missing base models, then RL"), ("sft", "only the SFT warm-up")):
         p = sub.add_parser(name, help=helptext, description=f"{helptext}.\n\n{OVERRIDE_HELP}", formatter_class=raw)
         p.add_argument("config", help="YAML run config, e.g. experiments/configs/cpu/math_base.yaml")
@@ -206,6 +255,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a folder without a checkpoint: evaluate the models the run starts from (otherwise an error)")
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE_OR_FILE", help=PLUGIN_HELP)
     p.set_defaults(func=cmd_eval)
+    p = sub.add_parser("summary", help="a run's state, evaluations, step time and files; writes summary.md",
+                       formatter_class=raw,
+                       description="Print a run folder's summary (finished, in progress or stopped at step k of N; "
+                                   "the final and best evaluation per benchmark and their average; the mean step "
+                                   "time; where its files are; the next commands) and write it into the folder as "
+                                   "summary.md, with the curves of the training reward and the evaluation average "
+                                   "(summary.png).\n\nexample:\n  drmas summary runs/run")
+    p.add_argument("run_dir", help="a run folder (holds config.yaml), finished or not")
+    p.set_defaults(func=cmd_summary)
     p = sub.add_parser("config", help="show a config with its field descriptions, list the shipped ones")
     config_sub = p.add_subparsers(dest="config_command", required=True)
     show = config_sub.add_parser("show", help="the effective config, each field with its description",
@@ -218,29 +276,47 @@ def build_parser() -> argparse.ArgumentParser:
     show.set_defaults(func=cmd_config_show)
     config_sub.add_parser("list", help="the shipped configs (cpu: the embedded default, gpu: one GPU, paper)") \
         .set_defaults(func=cmd_config_list)
+    p = sub.add_parser("env", help="versions and devices, for a bug report",
+                       description="The drmas version and commit, Python, the libraries a run uses and the devices "
+                                   "torch sees: paste it into a bug report.")
+    p.add_argument("--json", action="store_true", help="as JSON")
+    p.set_defaults(func=cmd_env)
     p = sub.add_parser("data", help="data preparation")
     data_sub = p.add_subparsers(dest="data_command", required=True)
     prep = data_sub.add_parser("prepare", help="write the files a run needs")
     kinds = prep.add_subparsers(dest="kind", required=True)
-    from envs.math import prepare as math_prepare
-    from envs.search import prepare as search_prepare
-
-    for kind, module in (("math", math_prepare), ("search", search_prepare)):
-        kp = kinds.add_parser(kind)
-        module.add_arguments(kp)
-        kp.set_defaults(func=cmd_data, prepare_run=module.run)
+    for kind in DATA_KINDS:  # each kind's options are its module's, parsed when the command runs (cmd_data)
+        kinds.add_parser(kind, add_help=False, help=f"the {kind} data (`drmas data prepare {kind} --help`: its options)") \
+            .set_defaults(func=cmd_data)
     return parser
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line as a namespace (``args.func`` runs it); a usage error exits 2 with argparse's message."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.func is cmd_data:
+        _parse_data_options(args, extra)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     _setup_logging(args.log_level)
     try:
         with children_end_with_me():  # SIGTERM/SIGINT end the SFT workers, grader and Ray processes too
             return args.func(args)
-    except tuple(EXIT_CODES) as exc:
+    except ConfigError as exc:  # the common case, reported without importing the other errors' modules
         print(f"drmas: {exc}", file=sys.stderr)
-        return next(code for cls, code in EXIT_CODES.items() if isinstance(exc, cls))
+        return CONFIG_ERROR_EXIT
+    except Exception as exc:
+        codes = exit_codes()
+        if not isinstance(exc, tuple(codes)):
+            raise
+        print(f"drmas: {exc}", file=sys.stderr)
+        return next(code for cls, code in codes.items() if isinstance(exc, cls))
 
 
 if __name__ == "__main__":

@@ -8,29 +8,32 @@
   gradients and optimizer states stay float32; forward passes run under ``torch.autocast`` in bfloat16,
   and log-probs / entropies are still reduced in float32 from the bf16 logits).
 
-The module imports torch only; it is the one place that turns the two strings into torch
-objects.
+The module imports torch only, and only when a function needs it (validating ``train.device`` reads
+:data:`DEVICE_PATTERN` alone); it is the one place that turns the two strings into torch objects.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import re
-from typing import ContextManager
+from typing import TYPE_CHECKING, ContextManager
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 DEVICE_PATTERN = r"^(auto|cpu|cuda(:\d+)?)$"
 """The values ``train.device`` accepts (resolved by :func:`resolve_device`)."""
 
-PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
-"""Precision name -> autocast dtype of the forward passes (``None``: no autocast, plain float32)."""
+PRECISIONS: dict[str, str | None] = {"fp32": None, "bf16": "bfloat16"}
+"""Precision name -> the torch dtype of the forward passes' autocast (``None``: no autocast, plain float32)."""
 
 
 def resolve_device(spec: str) -> torch.device:
     """The torch device ``spec`` names on this machine (``auto``: ``cuda`` when a GPU is visible, else
     ``cpu``). Raises ``ValueError`` naming the problem when ``spec`` is malformed or asks for a GPU this
     process cannot see, so a run stops before any work."""
+    import torch
+
     if not re.match(DEVICE_PATTERN, spec):
         raise ValueError(f"train.device={spec!r}: use auto, cpu, cuda or cuda:<index>")
     if spec == "auto":
@@ -57,14 +60,18 @@ def check_precision(precision: str) -> str:
 def autocast(device: torch.device, precision: str) -> ContextManager:
     """The context of a forward pass at ``precision`` on ``device``: nothing for ``fp32``, else
     ``torch.autocast`` to the precision's dtype."""
+    import torch
+
     dtype = PRECISIONS[check_precision(precision)]
     if dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
+    return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype))
 
 
 def describe(device: torch.device) -> str:
     """One line naming the device (GPU model and memory for CUDA), for logs and manifests."""
+    import torch
+
     if device.type != "cuda":
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         return f"{device} ({cores} cores)"

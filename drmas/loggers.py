@@ -11,7 +11,7 @@ import math
 import os
 import secrets
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from drmas.io import append_jsonl, atomic_write_text, read_jsonl_lines, write_jsonl
 from drmas.registry import Registry
@@ -39,9 +39,26 @@ def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
+EVAL_AVERAGE_KEY = "eval/avg"
+"""The scalar of an evaluation's mean avg@k over its benchmarks (:func:`eval_average`), sent to the loggers."""
+
+
+def eval_average(records: Iterable[dict[str, Any]]) -> float:
+    """The mean ``avg`` (avg@k) over the benchmark records of one evaluation (the records of ``eval.jsonl``)."""
+    values = [float(r["avg"]) for r in records]
+    return sum(values) / len(values) if values else math.nan
+
+
 def _eval_scalars(record: dict[str, Any]) -> dict[str, float]:
     return {f"eval/{record['benchmark']}/avg@{record['k']}": record["avg"],
             f"eval/{record['benchmark']}/pass@{record['k']}": record["pass"]}
+
+
+def config_markdown(config: dict[str, Any]) -> str:
+    """``config`` as YAML in a fenced code block (how TensorBoard's text tab shows it as written)."""
+    import yaml
+
+    return "```yaml\n" + yaml.safe_dump(config, sort_keys=False) + "```"
 
 
 class LoggerUnavailable(RuntimeError):
@@ -55,7 +72,8 @@ LOGGERS: Registry[Callable[..., Any]] = Registry("metrics logger")
 
 @LOGGERS.register("tensorboard")
 class TensorBoardLogger:
-    """TensorBoard events in ``<run>/tb`` (nothing when tensorboard is not installed)."""
+    """TensorBoard events in ``<run>/tb`` (nothing when tensorboard is not installed): the step and evaluation
+    scalars, and the run's config as text (``config``, the YAML in a code block) each time the logger starts."""
 
     def __init__(self, run_dir: Path, run_name: str = "", config: dict[str, Any] | None = None):
         try:
@@ -64,6 +82,8 @@ class TensorBoardLogger:
             self._tb = None
             return
         self._tb = SummaryWriter(str(Path(run_dir) / "tb"))
+        if config is not None:
+            self._tb.add_text("config", config_markdown(config))
 
     def log_step(self, step: int, metrics: dict[str, Any]) -> None:
         for key, value in _scalars(metrics).items() if self._tb else ():
@@ -148,6 +168,13 @@ class MetricsSink:
         append_jsonl(self.eval_path, record)
         for lg in self.open():
             lg.log_eval(record)
+
+    def write_eval_average(self, step: int, records: Iterable[dict[str, Any]]) -> None:
+        """Send one evaluation's mean avg@k over its benchmarks (:data:`EVAL_AVERAGE_KEY`) to every logger as a
+        scalar of ``step``; ``eval.jsonl`` holds the per-benchmark records it is computed from."""
+        value = eval_average(records)
+        for lg in self.open():
+            lg.log_step(step, {EVAL_AVERAGE_KEY: value})
 
     def truncate(self, after_step: int) -> None:
         """Drop records a resumed run rewrites, atomically (write a copy, then rename it over the file):

@@ -85,6 +85,23 @@ def resolve_entry(entry: str, base_dir: str | Path | None = None) -> str:
     return entry
 
 
+def source_digest(target: str) -> str | None:
+    """sha256 of a plug-in's source: the file of a file plug-in, the module's file of a module plug-in (its
+    ``__init__.py`` for a package); ``None`` when it has no source file. A run folder records it, so that a run
+    is not resumed with other plug-in code (:mod:`drmas.config.identity`)."""
+    if Path(target).is_absolute():
+        path: Path | None = Path(target)
+    else:
+        try:
+            spec = importlib.util.find_spec(target)
+        except (ImportError, ValueError):
+            spec = None
+        path = Path(spec.origin) if spec is not None and spec.origin not in (None, "built-in", "frozen") else None
+    if path is None or not path.is_file():
+        return None
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def load_plugins(entries: Sequence[str], base_dir: str | Path | None = None,
                  registries: Mapping[str, Any] | None = None) -> list[Plugin]:
     """Import every entry once per process, in order, and return their :class:`Plugin` records.

@@ -1,9 +1,11 @@
 """One small registry type for every pluggable thing (agents, orchestras, environments, task sources,
 rollout engines): a decorator to register under a name (duplicates rejected) and a lookup whose error
-lists the registered names. No dependencies, so any layer may use it."""
+lists the registered names. A registry may declare its built-in names with the module of each (a catalogue), so
+that the names are known before any implementation is imported. No dependencies, so any layer may use it."""
 from __future__ import annotations
 
-from typing import Any, Callable, Generic, Iterator, TypeVar
+import importlib
+from typing import Any, Callable, Generic, Iterator, Mapping, TypeVar
 
 T = TypeVar("T")
 
@@ -16,14 +18,26 @@ class UnknownNameError(KeyError, ValueError):
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, builtins: Mapping[str, str] | None = None):
+        """``builtins``: the built-in names, each with the module that registers it. They are listed (``names``,
+        ``in``) without importing anything, and the module is imported on the first ``get``, so that validating a
+        config reads the catalogue only and never imports an implementation (torch)."""
         self.kind = kind
         self._items: dict[str, T] = {}
+        self._builtins: dict[str, str] = dict(builtins or {})
+
+    def _load(self, name: str) -> None:
+        """Import the module that registers the built-in ``name`` (nothing when it is registered already, or
+        while that module is being imported: ``import_module`` returns the module in progress)."""
+        if name in self._builtins and name not in self._items:
+            importlib.import_module(self._builtins[name])
 
     def register(self, name: str) -> Callable[[T], T]:
-        """Decorator: ``@REGISTRY.register("name")`` on a class or factory."""
+        """Decorator: ``@REGISTRY.register("name")`` on a class or factory. A built-in name is registered by
+        its own module only: anyone else's registration under it is a duplicate."""
 
         def deco(obj: T) -> T:
+            self._load(name)
             if name in self._items:
                 raise ValueError(f"{self.kind} {name!r} is already registered ({self._items[name]!r})")
             self._items[name] = obj
@@ -32,8 +46,12 @@ class Registry(Generic[T]):
         return deco
 
     def get(self, name: str) -> T:
+        self._load(name)
         if name not in self._items:
-            raise UnknownNameError(f"unknown {self.kind} {name!r}; registered: {sorted(self._items)}")
+            if name in self._builtins:
+                raise LookupError(f"{self.kind} {name!r} is declared as a built-in of {self._builtins[name]}, "
+                                  "which did not register it")
+            raise UnknownNameError(f"unknown {self.kind} {name!r}; registered: {self.names()}")
         return self._items[name]
 
     __getitem__ = get
@@ -47,13 +65,18 @@ class Registry(Generic[T]):
             raise ValueError(f"bad arguments for {self.kind} {name!r}: {exc}") from None
 
     def names(self) -> list[str]:
-        return sorted(self._items)
+        """Every name: the built-ins (imported or not) and the registered ones."""
+        return sorted(self._items.keys() | self._builtins.keys())
+
+    def builtin_modules(self) -> dict[str, str]:
+        """The declared built-in names and the modules that register them."""
+        return dict(self._builtins)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._items
+        return name in self._items or name in self._builtins
 
     def __iter__(self) -> Iterator[str]:
-        return iter(sorted(self._items))
+        return iter(self.names())
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self.names())

@@ -77,7 +77,7 @@ class StepTable:
         return np.fromiter((len(r) for r in self.response_ids), np.int64, len(self.response_ids))
 
     def assign_rewards(self, traj_reward: np.ndarray, invalid_penalty: float | dict[str, float]) -> None:
-        """Team reward: every step of trajectory i gets R_i; score = R - c (1 - valid) (NOTES §1), with one c
+        """Team reward: every step of trajectory i gets R_i; score = R - c (1 - valid) (docs/paper.md §1), with one c
         for every agent or one per agent name (``{agent: c}``, every agent of the table present)."""
         self.reward = np.asarray(traj_reward, np.float64)[self.traj]
         if isinstance(invalid_penalty, dict):

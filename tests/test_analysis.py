@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import zlib
 from pathlib import Path
 
@@ -213,7 +214,7 @@ def test_kendall_tau():
 
 # ------------------------------------------------------------------------------------------ paper numbers
 def test_paper_headline_gains():
-    """NOTES §5: +5.6 % avg / +4.6 % pass (math), +15.2 % / +13.1 % (search), sum over {Qwen 2 models} x
+    """docs/paper.md §5: +5.6 % avg / +4.6 % pass (math), +15.2 % / +13.1 % (search), sum over {Qwen 2 models} x
     {sharing, non-sharing}. The printed values come out when each Average is the unrounded mean of the benchmark
     rows; summing the printed (rounded) Average rows gives 13.0 % for search pass@16 (222.8 / 197.1 - 1)."""
     paper = load_paper()
@@ -304,7 +305,8 @@ def test_report_end_to_end(grid, tmp_path):
     assert verdicts["d"] == ["reproduced"]
     assert verdicts["e"] == ["reproduced"]  # nano agents are cheaper and faster, accuracy unchanged
     assert verdicts["f"] == ["finding (no paper value)"]
-    assert "| a |" in text and "needs GPU scale" in text and "## Data problems" in text
+    assert "| a1 |" in text and "| a2 |" in text and "needs GPU scale" in text and "## Data problems" in text
+    assert claims.loc["c", "label"].tolist() == ["c-math", "c-search"]  # one key, a label each
     for stem in ("table1_math", "table2_search", "table1_math_average", "table2_search_paper", "table3_ablation_search",
                  "headline_gains", "gradnorm", "hetero_search"):
         for ext in ("md", "tex", "csv"):
@@ -490,13 +492,124 @@ def test_report_opens_with_a_verdict_table_then_one_section_per_claim(grid, tmp_
     text = rep.report_markdown(an, claims, tmp_path, tmp_path / "tables", list(figs.values()), grid)
     assert "The *design* column says which test judged a claim" in text.split("\n\n")[2]
     table = text.split("\n\n")[3].splitlines()
-    assert table[0] == "| | claim | design | paper | ours | verdict |" and len(table) == 2 + len(claims)
+    assert table[0] == "| label | claim | design | paper | ours | verdict |" and len(table) == 2 + len(claims)
     assert all(len(row) < 400 for row in table), "verdict table cells must stay short"
     assert "| z | [a new claim](#z-a-new-claim) | main grid | paper 1 | ours 2 (x; y) | **finding (no paper value)** |" in table
     designs = {row.split(" | ")[0].strip("| "): row.split(" | ")[2] for row in table[2:]}
-    assert designs["g"] == "exploratory" and designs["C1"] == "confirmatory" and designs["c"] == "main grid"
+    assert designs["S-g"] == "exploratory" and designs["C1"] == "confirmatory" and designs["c-math"] == "main grid"
+    assert len(designs) == len(claims), "every claim has its own label"
     section = text.split("## z a new claim")[1].split("\n## ")[0]
     assert "- **Rule.** a rule" in section and "  - ours 2 (x; y)\n  - z 3" in section
     d = text.split("## d ")[1].split("\n## ")[0]
     assert "![ablation_search](figs/ablation_search.png)" in d and "Kendall tau" in d
     assert rep.summary_text(claims, Path("R.md")).splitlines()[-1] == "full report: R.md"
+    # the (mu,sigma_k) variant's pre-clip norms are stated in words in d and f, with the runs' own numbers
+    gn = an.gradnorm[(an.gradnorm["task"] == "search") & an.gradnorm["seed"].isin(an.ablation_seeds["search"])]
+    peaks = gn[gn["setting"] == "nonsharing:(mu,sigma_k)"].groupby("run")["max"].max()
+    sentence = f"per-run peaks {peaks.min():.3g} to {peaks.max():.3g} over seeds"
+    assert sentence in d and sentence in text.split("## f ")[1].split("\n## ")[0]
+    assert f"Dr. MAS's peak {gn.loc[gn['setting'] == 'nonsharing_drmas', 'max'].max():.3g}" in d
+
+
+def test_paper_gains_in_points():
+    """The report's one convention: the paper's headline gains as absolute points, the mean Dr. MAS − GRPO of its
+    Average rows over the four multi-agent settings (math: (2.2 + 3.6 + 4.5 + 2.6) / 4 = 3.225 points)."""
+    from analysis.tables import fmt_pts, paper_gain_pts
+
+    paper = load_paper()
+    assert paper_gain_pts(paper, "math", "average_rows")["avg"] == pytest.approx(0.03225)
+    assert fmt_pts(paper_gain_pts(paper, "math")["avg"]) == "+3.2 pts"
+    assert fmt_pts(paper_gain_pts(paper, "search")["avg"]) == "+5.3 pts"
+
+
+# ------------------------------------------------------------------------------------------ the committed report
+ROOT = Path(__file__).resolve().parent.parent
+COMMITTED = ROOT / "results" / "REPORT.md"
+
+
+def _verdict_table(text: str) -> list[list[str]]:
+    """The cells of the committed report's verdict table (label, claim, design, paper, ours, verdict)."""
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "](#" in line]
+    return [[c.strip() for c in row.strip("|").split(" | ")] for row in rows]
+
+
+def test_committed_report_labels_are_unique_and_each_claim_has_a_gloss():
+    """Every claim of REPORT.md has its own label (the table's first column and its section heading), and the
+    line right under the heading glosses the claim's terms."""
+    text = COMMITTED.read_text()
+    labels = [row[0] for row in _verdict_table(text)]
+    assert len(labels) >= 20 and len(labels) == len(set(labels)), labels
+    fixed = {"Terms", "Where the numbers are", "Data problems"}
+    headings = [h for h in (line[3:] for line in text.splitlines() if line.startswith("## ")) if h not in fixed]
+    assert [h.split(" ", 1)[0] for h in headings] == labels
+    for h in headings:
+        after = text.split(f"## {h}\n\n", 1)[1]
+        assert after.startswith("*Terms:* "), h
+    assert {"C1", "C2", "C3", "C4", "C5"} <= set(labels)
+
+
+def test_committed_report_gives_gains_in_one_convention():
+    """Gains are absolute points (pts): no signed relative percentage anywhere in REPORT.md (the old report put
+    "+2.8 % avg@4" beside "+0.2 ± 0.4 pts"), and the paper's headline gains are given in points."""
+    text = COMMITTED.read_text()
+    relative = re.compile(r"[+\-−]\d+(\.\d+)? ?%")
+    assert not [line for line in text.splitlines() if relative.search(line)]
+    from analysis.tables import fmt_pts, paper_gain_pts
+
+    rows = {row[0]: row for row in _verdict_table(text)}
+    for task in ("math", "search"):
+        assert rows[f"c-{task}"][3] == f"{fmt_pts(paper_gain_pts(load_paper(), task)['avg'])} avg@16"
+        assert re.fullmatch(r"[+\-]\d+\.\d ± \d+\.\d pts avg@\d+ \(paired\)", rows[f"c-{task}"][4])
+
+
+JARGON = {"factor": "Lemma factor", "class-aware": "class-aware factor", "grad-norm ratio": "grad-norm ratio",
+          "rho": "rho", "spike": "spike", "pts": "pts", "avg@": "avg@k / pass@k", "Kendall tau": "Kendall tau",
+          "×": "×", "frontier": "frontier", "collaps": "collapse", "auc": "auc", "HR ": "HR",
+          "pre-clip": "pre-clip norm", "twin": "twin", "LR50": "frontier", "abandon": "abandonment",
+          "incomplete": "incomplete (n of N runs)", "exploratory": "exploratory / confirmatory",
+          "confirmatory": "exploratory / confirmatory", "[": "±, [low, high]", "±": "±, [low, high]"}
+"""A term a verdict line may use -> the glossary entry that defines it."""
+
+
+def test_committed_report_defines_every_term_of_its_verdict_lines():
+    """Each term a verdict line uses (the verdict table's rows, each section's "**verdict**: ours ...; paper ..."
+    line) has its line in the Terms section, among them the Lemma factor, the class-aware factor and frontier."""
+    text = COMMITTED.read_text()
+    terms = text.split("\n## Terms\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    defined = {line[4:].split("**:", 1)[0] for line in terms}
+    assert {"Lemma factor", "class-aware factor", "frontier", "pre-clip norm", "collapse"} <= defined
+    assert "(σk² + (μk − μ)²)/σ²" in next(t for t in terms if t.startswith("- **Lemma factor**"))
+    assert "1/2" in next(t for t in terms if t.startswith("- **frontier**"))
+    verdict_lines = [" | ".join(row) for row in _verdict_table(text)]
+    verdict_lines += [line for line in text.splitlines() if line.startswith("**") and ": ours " in line]
+    used = {entry for line in verdict_lines for word, entry in JARGON.items() if word in line}
+    assert used - defined == set()
+    assert {"Lemma factor", "class-aware factor", "frontier"} <= used
+
+
+def _logged_peaks(run_glob: str) -> dict[str, float]:
+    """Per run folder, the largest pre-clip norm any agent logged (agent/*/grad_norm of metrics.jsonl)."""
+    out = {}
+    for run in sorted((ROOT / "results" / "runs" / "cpu").glob(run_glob)):
+        norms = [v for line in (run / "metrics.jsonl").read_text().splitlines()
+                 for k, v in json.loads(line).items() if k.startswith("agent/") and k.endswith("/grad_norm")
+                 and isinstance(v, (int, float)) and math.isfinite(v)]
+        out[run.name] = max(norms)
+    return out
+
+
+def test_committed_report_states_the_std_only_norms_from_the_runs():
+    """The (mu,sigma_k) ablation's pre-clip norms (the grid's largest) are in the words of claims d and f, equal to
+    the max of the norms its runs logged, with Dr. MAS's peak, the ε cause and the paper's Table 3 value."""
+    text = COMMITTED.read_text()
+    mixed = _logged_peaks("search_nonsharing_std_only_s*")
+    drmas = _logged_peaks("search_nonsharing_drmas_s*")
+    assert len(mixed) == 3 and min(mixed.values()) > 1e4
+    paper = load_paper().set_index("setting")
+    for label in ("d", "f"):
+        section = text.split(f"\n## {label} ", 1)[1].split("\n## ")[0]
+        line = next(line for line in section.splitlines() if "pre-clip norm of (μ,σk)" in line)
+        assert f"per-run peaks {min(mixed.values()):.3g} to {max(mixed.values()):.3g} over seeds 0, 1, 2" in line
+        assert f"Dr. MAS's peak {max(drmas.values()):.3g}" in line
+        assert "σk + ε (ε = 1e-06)" in line and "σk = 0" in line
+        assert f"(μ,σk) at {paper.loc['nonsharing:(mu,sigma_k)', 'avg_at_16']:.1f} avg@16" in line

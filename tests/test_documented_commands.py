@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from drmas.cli import build_parser
+from drmas.cli import parse_args
 from drmas.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,7 +70,7 @@ DRMAS_COMMANDS = [(doc, argv) for doc, argv in COMMANDS if argv[0] in DRMAS]
 
 @pytest.mark.parametrize("doc,argv", DRMAS_COMMANDS, ids=[" ".join(a)[:60] for _, a in DRMAS_COMMANDS])
 def test_documented_drmas_commands_parse_and_their_configs_validate(doc, argv):
-    args = build_parser().parse_args(argv[1:])
+    args = parse_args(argv[1:])
     config = getattr(args, "config", None)
     if config is not None and args.command in ("train", "sft", "config"):
         assert (ROOT / config).is_file(), f"{doc}: {config} does not exist"
@@ -155,3 +155,22 @@ def test_the_bench_environment_imports_drmas():
     done = subprocess.run([str(bench), "benchmarks/bench_vs_trl.py", "--help"], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_readme_results_table_quotes_report_labels_and_gains_in_points():
+    """README's "Results at a glance" rows start with a REPORT.md label, give gains in points (no relative "%"), and
+    every pts / × number of a row's paper column is the one REPORT.md's row gives."""
+    readme = (ROOT / "README.md").read_text().split("## Results at a glance", 1)[1].split("\n## ", 1)[0]
+    report = (ROOT / "results" / "REPORT.md").read_text()
+    rows = {cells[0]: cells for cells in ([c.strip() for c in line.strip("|").split(" | ")]
+                                          for line in report.splitlines() if line.startswith("| ") and "](#" in line)}
+    quoted = [[c.strip() for c in line.strip("|").split(" | ")] for line in readme.splitlines()
+              if line.startswith("| ") and not line.startswith("| claim") and not line.startswith("|---")]
+    assert len(quoted) >= 5
+    for claim, paper, ours, verdict in quoted:
+        label = claim.split(":", 1)[0]
+        assert label in rows, f"README quotes a label REPORT.md does not have: {label}"
+        assert not re.search(r"[+\-−]\d+(\.\d+)? ?%", paper + ours), claim
+        for number in re.findall(r"[+\-−]?\d+\.\d+ pts|× \d+\.\d+", paper):
+            assert number in rows[label][3], (label, number)
+        assert verdict in rows[label][5], (label, verdict)

@@ -9,16 +9,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [  # bottom first; a module belongs to the longest prefix that names it
-    ("foundation", ("drmas", "drmas.registry", "drmas.io", "drmas.devices", "drmas.shutdown", "drmas.step_table")),
+    ("foundation", ("drmas", "drmas.registry", "drmas.io", "drmas.devices", "drmas.shutdown", "drmas.step_table",
+                    "drmas.progress")),
     ("records and catalogues", ("drmas.locks", "drmas.checkpoints", "drmas.loggers", "drmas.backends",
-                                "drmas.plugins")),
+                                "drmas.plugins", "drmas.algos.catalog", "drmas.rollout.catalog")),
     ("environments", ("envs",)),
     ("algorithm, workflow, task sources, models", ("drmas.algos", "drmas.agents", "drmas.orchestra", "drmas.tasks",
                                                    "drmas.models")),
     ("generation", ("drmas.rollout",)),
     ("config", ("drmas.config",)),
     ("execution", ("drmas.workers", "drmas.preflight")),
-    ("pipeline", ("drmas.trainer",)),
+    ("pipeline", ("drmas.trainer", "drmas.summary")),
     ("entry points", ("drmas.cli", "drmas.testing")),
     ("analysis: verdicts, records, command lines", ("analysis", "analysis.claims", "analysis.schema",
                                                     "analysis.integrity", "analysis.stats", "analysis.runs",

@@ -1,5 +1,5 @@
 """The paper-scale configs (experiments/configs/paper/): every file loads and validates, and the values the
-paper (NOTES §5) and the reference scripts fix are the ones in the files.
+paper (docs/paper.md §5) and the reference scripts fix are the ones in the files.
 
 Validation checks that data files exist, so each test runs in a temporary working directory holding empty
 placeholders at the configured data paths (the files a `drmas data prepare` run writes)."""
@@ -79,7 +79,7 @@ def test_paper_config_loads_and_fits_the_gpu_path(load, name):
     assert cfg.train.eval_samples == 16
     assert (cfg.train.eval_sampling.temperature, cfg.train.eval_sampling.top_p) == (0.6, 0.95)
     for a in cfg.agents:
-        assert cfg.effective_optim(a.model).lr == 1e-6, f"{a.name}: lr 1e-6 per agent (NOTES §5)"
+        assert cfg.effective_optim(a.model).lr == 1e-6, f"{a.name}: lr 1e-6 per agent (docs/paper.md §5)"
         assert a.sampling.temperature == 1.0
 
 

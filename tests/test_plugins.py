@@ -303,6 +303,29 @@ def test_training_with_a_plugin_imports_it_in_every_process(trained):
     assert saved_config_changes(load_config(config)) == [f"plugins ([{str(plugin)!r}] -> [])"]
 
 
+def test_a_run_does_not_resume_with_other_plugin_code(trained):
+    """The manifest records the plug-in's source sha256; the same entry with edited code is a change of the run's
+    identity, which `drmas train` refuses (ConfigDrift) like any other, and the grid sees through the same rule."""
+    import hashlib
+
+    from drmas.config.identity import ConfigDrift, check_run_folder
+
+    tmp, config, plugin = trained
+    manifest = json.loads((tmp / "runs" / "plugin_run" / "manifest.json").read_text())
+    assert manifest["plugin_sources"] == {str(plugin): hashlib.sha256(plugin.read_bytes()).hexdigest()}
+    original = plugin.read_text()
+    try:
+        plugin.write_text(original + "\n# an edit\n")
+        cfg = load_config(config, plugins=[str(plugin)])
+        changes = saved_config_changes(cfg)
+        assert len(changes) == 1 and changes[0].startswith(f"plugin {plugin} (source sha256 "), changes
+        with pytest.raises(ConfigDrift, match="plugin .*my_plugin.py"):
+            check_run_folder(cfg)
+    finally:
+        plugin.write_text(original)
+    assert saved_config_changes(load_config(config, plugins=[str(plugin)])) == []
+
+
 @pytest.mark.slow
 def test_ray_actors_import_the_plugins(trained):
     pytest.importorskip("ray")

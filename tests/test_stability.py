@@ -291,3 +291,19 @@ def test_the_figure_tells_not_called_from_non_finite():
     not_called, nonfinite = S.norm_marks(norms, spikes)
     assert not_called.tolist() == [[False, True], [False, False], [True, False]]
     assert nonfinite.tolist() == [[False, False], [True, True], [False, False]]
+
+
+def test_the_stability_claims_get_labels_of_their_own_in_the_report():
+    """The stability claims' keys (b-revisited, g, ... and their -math forms) become REPORT.md labels that no main-grid
+    claim has: S-b, S-g, S-acc, S-b-math, ...; the committed report's table marks them exploratory."""
+    from analysis.report import CLAIMS, stability_label
+
+    keys = [key for task in S.TASKS for key, _, _ in S.judges(task)]
+    labels = [stability_label(key)[0] for key in keys]
+    assert labels[:3] == ["S-b", "S-g", "S-acc"] and "S-g-math" in labels
+    every = [spec.label or spec.key for spec in CLAIMS]
+    assert len(every) == len(set(every)) and set(labels) <= set(every)
+    text = (ROOT / "results" / "REPORT.md").read_text()
+    rows = {row[0]: row for row in ([c.strip() for c in line.strip("|").split(" | ")] for line in text.splitlines()
+                                    if line.startswith("| ") and "](#" in line)}
+    assert all(rows[label][2] == "exploratory" for label in labels)

@@ -3,7 +3,7 @@
 An agent knows nothing of models or training. It has two jobs:
 
 - ``prompt(view)``: render the text the LLM sees = the task (+ the environment history) + what its
-  teammates wrote in this step + its role instruction (paper §4, NOTES §4);
+  teammates wrote in this step + its role instruction (docs/paper.md §4);
 - ``parse(text)``: project the raw output onto an action: ``Parsed(valid, action)``. Malformed output
   never raises: it is an invalid action (the trainer applies the invalid-action penalty).
 

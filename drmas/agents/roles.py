@@ -1,4 +1,4 @@
-"""The agents of the paper's two systems and their single-agent baselines (NOTES §4).
+"""The agents of the paper's two systems and their single-agent baselines (docs/paper.md §4).
 
 Prompts are short on purpose: the CPU default trains tiny models from scratch, and the SFT warm-up
 renders the environments' role traces with these same prompts, so the formats the RL phase sees are

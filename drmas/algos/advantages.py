@@ -41,16 +41,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable, Literal, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
-from drmas.registry import Registry
+from drmas.algos.catalog import (DEFAULT, ESTIMATOR_TERMS, ESTIMATORS, GLOBAL_BASELINES,  # noqa: F401
+                                 REFERENCE_ABLATIONS, Conventions, Ddof, EstimatorTerms, Singleton,
+                                 register_estimator)
 
-Singleton = Literal["raw", "zero"]
-Ddof = Literal[0, 1]
 IdColumn = Sequence | np.ndarray | torch.Tensor | pd.Series
 
 
@@ -80,30 +80,6 @@ class AdvantageResult:
         return self._stats
 
 
-@dataclass(frozen=True)
-class Conventions:
-    """The statistical conventions of every estimator; the defaults are the reference code's and the one
-    place they are written (``algo.*`` in the run config and :func:`compute_advantages` default to them)."""
-
-    ddof: Ddof = 1
-    """Delta degrees of freedom of the std: 1 = unbiased (the reference, ``torch.std``), 0 = population."""
-    eps: float = 1e-6
-    """Added to the std in the denominator."""
-    singleton: Singleton = "raw"
-    """A group of one sample: ``raw`` = mean 0, std 1 (advantage = its score / (1 + eps)); ``zero`` = 0."""
-    scale_by_std: bool = True
-    """Divide by the std; False = mean-only (Dr. GRPO style), for every estimator."""
-
-    def __post_init__(self) -> None:
-        if self.ddof not in (0, 1):
-            raise ValueError(f"ddof must be 0 (population std) or 1 (unbiased, reference), got {self.ddof!r}")
-        if not (np.isfinite(self.eps) and self.eps >= 0):
-            raise ValueError(f"eps must be a finite number >= 0, got {self.eps!r}")
-        if self.singleton not in ("raw", "zero"):
-            raise ValueError(f"singleton must be 'raw' (mean 0, std 1) or 'zero' (advantage 0), got {self.singleton!r}")
-
-
-DEFAULT = Conventions()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -274,40 +250,6 @@ class Grouping:
 
 
 EstimatorFn = Callable[[StepBatch], tuple[torch.Tensor, Grouping]]
-ESTIMATORS: Registry[EstimatorFn] = Registry("advantage estimator")
-
-
-register_estimator = ESTIMATORS.register  # decorator: @register_estimator("name"); duplicate names are rejected
-
-
-@dataclass(frozen=True)
-class EstimatorTerms:
-    """How the suite speaks of one estimator: its baseline's family and its spelling in the paper's tables."""
-
-    baseline: Literal["global", "agent-wise", "mixed", "leave-one-out", "official branch"]
-    """global: one (μ, σ) per task group for every agent (the paper's "vanilla GRPO", whose inflation Lemma 4.2
-    bounds); agent-wise: each agent's own (μk, σk) (Dr. MAS, Eq. 5); mixed: one statistic global, one agent-wise
-    (Table 3); leave-one-out: RLOO baselines; official branch: the reference code's ablation switch."""
-    setting: str | None = None
-    """The estimator's part of a setting tag (``nonsharing_drmas``, ``nonsharing:(mu_k,sigma)``): the spelling
-    of analysis/data/paper_tables.csv. ``None``: no paper column (its registry key is used)."""
-
-
-ESTIMATOR_TERMS: dict[str, EstimatorTerms] = {
-    "trajectory_grpo": EstimatorTerms("global", "grpo"),  # Eq. 2, as the reference code implements it
-    "pooled_grpo": EstimatorTerms("global", "pooled_step"),
-    "drmas": EstimatorTerms("agent-wise", "drmas"),  # Eq. 5
-    "drmas_mean_only": EstimatorTerms("mixed", "(mu_k,sigma)"),  # Table 3
-    "drmas_std_only": EstimatorTerms("mixed", "(mu,sigma_k)"),  # Table 3
-    "rloo": EstimatorTerms("leave-one-out"),
-    "rloo_agent": EstimatorTerms("leave-one-out"),
-}
-"""The one declaration of the estimator vocabulary, by registry key (the official branch's variants are added
-where they are registered). A plug-in estimator without an entry has no family and is spelled by its key."""
-
-GLOBAL_BASELINES: tuple[str, ...] = tuple(k for k, t in ESTIMATOR_TERMS.items() if t.baseline == "global")
-"""The global baselines (``trajectory_grpo``, ``pooled_grpo``): every run logs each agent's Lemma 4.2 factor and
-class-aware factor under each of them (``agent/{k}/lemma_factor_{b}``), whatever estimator it trains with."""
 
 
 @register_estimator("trajectory_grpo")
@@ -389,12 +331,10 @@ def _reference_ablation(b: StepBatch, mean_level: str, std_level: str, by_agent:
 def _register_reference_ablations() -> None:
     from functools import partial
 
-    for mean_level in ("agent", "traj"):
-        for std_level in ("agent", "traj"):
-            for by_agent, suffix in ((True, ""), (False, "_uid")):
-                fn = partial(_reference_ablation, mean_level=mean_level, std_level=std_level, by_agent=by_agent)
-                register_estimator(f"{mean_level}_{std_level}{suffix}")(fn)
-                ESTIMATOR_TERMS[f"{mean_level}_{std_level}{suffix}"] = EstimatorTerms("official branch")
+    for name in REFERENCE_ABLATIONS:  # agent_traj, agent_traj_uid, ...: mean level, std level, _uid = by task
+        mean_level, std_level = name.split("_")[:2]
+        fn = partial(_reference_ablation, mean_level=mean_level, std_level=std_level, by_agent=not name.endswith("_uid"))
+        register_estimator(name)(fn)
 
 
 _register_reference_ablations()

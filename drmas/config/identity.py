@@ -25,7 +25,8 @@ Not part of the identity (:data:`IGNORED`), because they do not change what a st
 ``train.steps`` may grow: a finished or partial run continued to more steps keeps its records, which are the
 first steps of the longer run (:func:`config_changes` lists it only when it shrinks); the trainer resumes it
 from its last checkpoint. Everything else that differs (estimator, learning rate, seed, batch sizes,
-evaluation settings, models, agents, ...) is a change.
+evaluation settings, models, agents, ...) is a change, and so is the source of a plug-in (``plugins``): the
+manifest records each plug-in's sha256 (:func:`plugin_sources`), so a run is not resumed with other plug-in code.
 
 The explicit ways past a change are ``drmas train --stale rerun`` (:func:`move_aside`: the old files move to
 ``<name>.stale-<k>/``, nothing is deleted, and the run starts afresh) and ``--stale keep`` (continue under the
@@ -111,8 +112,29 @@ def config_changes(saved: RunConfig, current: RunConfig) -> list[str]:
     return out
 
 
+def plugin_sources(cfg: RunConfig) -> dict[str, str | None]:
+    """Each plug-in entry of the config -> the sha256 of its source (:func:`drmas.plugins.source_digest`)."""
+    from drmas.plugins import PluginError, resolve_entry, source_digest
+
+    out: dict[str, str | None] = {}
+    for entry in cfg.plugins:
+        try:
+            out[entry] = source_digest(resolve_entry(entry))
+        except PluginError:
+            out[entry] = None
+    return out
+
+
+def plugin_changes(saved: dict[str, Any], current: dict[str, str | None]) -> list[str]:
+    """``plugin ./x.py (source sha256 1a2b3c4d5e6f -> ...)`` for every plug-in whose source differs from the one
+    the run folder recorded (a plug-in added or removed is a change of ``plugins``, listed by the config)."""
+    return [f"plugin {entry} (source sha256 {str(saved[entry])[:12]} -> {str(digest)[:12]})"
+            for entry, digest in current.items() if entry in saved and saved[entry] != digest]
+
+
 def saved_config_changes(cfg: RunConfig) -> list[str]:
-    """:func:`config_changes` against the run folder's ``config.yaml`` (none when it has none)."""
+    """:func:`config_changes` against the run folder's ``config.yaml`` (none when it has none), and the plug-ins
+    whose source differs from the one its ``manifest.json`` recorded (:func:`plugin_changes`)."""
     from drmas.config.loader import load_config
 
     saved_file = cfg.run_dir / "config.yaml"
@@ -122,7 +144,11 @@ def saved_config_changes(cfg: RunConfig) -> list[str]:
         saved = load_config(saved_file, [])
     except ConfigError as exc:
         return [f"(its config.yaml no longer loads: {str(exc).splitlines()[-1].strip()})"]
-    return config_changes(saved, cfg)
+    try:
+        recorded = json.loads((cfg.run_dir / "manifest.json").read_text()).get("plugin_sources") or {}
+    except (OSError, ValueError, AttributeError):
+        recorded = {}
+    return config_changes(saved, cfg) + plugin_changes(recorded, plugin_sources(cfg))
 
 
 def check_run_folder(cfg: RunConfig, stale: str = "error") -> list[str]:
@@ -173,5 +199,6 @@ def move_aside(run_dir: Path) -> Path:
 def identity_record(cfg: RunConfig, kept: list[str]) -> dict[str, Any]:
     """What ``manifest.json`` records of the run's identity."""
     return {"config_hash": config_hash(cfg), "config_ignored_keys": list(IGNORED),
+            **({"plugin_sources": plugin_sources(cfg)} if cfg.plugins else {}),
             **({"config_changes_kept": kept} if kept else {})}
 

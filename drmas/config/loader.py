@@ -55,11 +55,34 @@ def _list_index(node: list, part: str, item: str) -> int:
     raise ConfigError(f"override {item!r}: no entry named {part!r}")
 
 
+def _nearest_shipped(path: Path) -> str:
+    """``; did you mean experiments/configs/cpu/math_base.yaml?``: the shipped config whose path (relative to the
+    repository, or from ``configs/`` on) or file name is closest to ``path``; else the hint to list them."""
+    import difflib
+
+    from drmas.config.describe import CONFIGS
+
+    shipped = sorted(CONFIGS.glob("*/*.yaml"))
+    if not shipped:
+        return ""
+    root = CONFIGS.parents[1]
+    given = path.as_posix().removeprefix("./")
+    keys = {}  # each spelling a user may type -> the shipped path, as it is given from the repository root
+    for p in shipped:
+        rel = p.relative_to(root).as_posix()
+        for key in (rel, p.relative_to(CONFIGS).as_posix(), p.name, p.stem):
+            keys.setdefault(key, rel)
+    close = difflib.get_close_matches(given, list(keys), n=1, cutoff=0.75) \
+        or difflib.get_close_matches(path.name, list(keys), n=1, cutoff=0.75)
+    hint = f"; did you mean {keys[close[0]]}?" if close else ""
+    return f"{hint} (`drmas config list` lists the shipped configs)"
+
+
 def _read_yaml(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
     """A YAML mapping; a top-level ``base: other.yaml`` (relative to this file) is read first and this
     file's keys are merged into it (see :func:`_merge`)."""
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
+        raise ConfigError(f"config file {path} does not exist{_nearest_shipped(path)}")
     if path.resolve() in seen:
         raise ConfigError(f"config file {path} includes itself through `base`")
     try:
@@ -105,11 +128,11 @@ def plugin_registries() -> dict[str, Any]:
     import envs.math  # noqa: F401  (registers the math environment)
     import envs.search  # noqa: F401  (registers the search environment)
     from drmas.agents import AGENT_REGISTRY
-    from drmas.algos import ESTIMATORS
+    from drmas.algos.catalog import ESTIMATORS
     from drmas.backends import BACKENDS
     from drmas.loggers import LOGGERS
     from drmas.orchestra import ORCHESTRA_REGISTRY
-    from drmas.rollout import ENGINES
+    from drmas.rollout.catalog import ENGINES
     from drmas.tasks import TASK_SOURCES
     from envs.base import ENV_REGISTRY
 

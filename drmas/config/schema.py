@@ -20,7 +20,7 @@ from typing import Any, Literal, Optional, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
-from drmas.algos.advantages import Conventions, Ddof, Singleton
+from drmas.algos.catalog import Conventions, Ddof, Singleton
 from drmas.devices import DEVICE_PATTERN
 
 
@@ -134,7 +134,7 @@ class RolloutEngineConfig(Strict):
 
     @model_validator(mode="after")
     def _known_engine(self) -> "RolloutEngineConfig":
-        from drmas.rollout import ENGINES
+        from drmas.rollout.catalog import ENGINES
 
         if self.engine not in ENGINES:
             raise ValueError(f"unknown rollout engine {self.engine!r}; registered: {ENGINES.names()}")
@@ -224,7 +224,7 @@ class AlgoConfig(Strict):
     @field_validator("estimator")
     @classmethod
     def _known_estimator(cls, estimator: str) -> str:
-        from drmas.algos import ESTIMATORS
+        from drmas.algos.catalog import ESTIMATORS
 
         return _registered(estimator, ESTIMATORS.names(), "estimator")
 

@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from drmas.devices import autocast, check_precision
 from drmas.models.logprobs import batch_logprobs, make_batch
+from drmas.progress import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -124,8 +123,12 @@ def sft_train(
     examples: Sequence[tuple[str, str]],
     cfg: SFTConfig,
     progress: bool = True,
+    desc: str = "sft",
+    bar: bool | None = None,
 ) -> dict:
-    """Train ``model`` in place on the target tokens of ``examples``; returns the run's metrics:
+    """Train ``model`` in place on the target tokens of ``examples``; ``progress``, ``desc`` and ``bar`` are
+    those of its :class:`drmas.progress.Progress` (``bar=False``: timed log lines even on a terminal, as in a
+    worker process of a parallel warm-up). Returns the run's metrics:
     ``loss`` (mean over the last ``log_every`` steps), ``first_loss``, ``steps``, ``target_tokens``,
     ``seconds``, ``tokens_per_s`` (target tokens per second)."""
     if not examples:
@@ -144,7 +147,7 @@ def sft_train(
     losses: list[float] = []
     tokens = 0
     batches: list[np.ndarray] = []
-    bar = tqdm(total=total, desc="sft", disable=not (progress and sys.stderr.isatty()))
+    bar = Progress(total, desc, enabled=progress, bar=bar, log=logger)
     start = time.perf_counter()
     for step in range(total):
         if not batches:
@@ -163,11 +166,11 @@ def sft_train(
         scheduler.step()
         losses.append(loss.item())
         tokens += int(n_tokens)
-        bar.update(1)
         if (step + 1) % cfg.log_every == 0 or step + 1 == total:
             recent = float(np.mean(losses[-cfg.log_every:]))
             bar.set_postfix(loss=f"{recent:.4f}")
             logger.info("sft step %d/%d loss %.4f lr %.2e", step + 1, total, recent, scheduler.get_last_lr()[0])
+        bar.update(1)
     bar.close()
     seconds = time.perf_counter() - start
     return {

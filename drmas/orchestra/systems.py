@@ -1,15 +1,17 @@
 """The paper's two multi-agent systems, their single-agent baselines, and an example user workflow."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from drmas.agents.base import AgentView
 from drmas.orchestra.base import CallFn, Episodes, Orchestra, register_orchestra
 from drmas.step_table import StepTable
 from envs.base import HistoryEnv
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def _share(mask: np.ndarray) -> float:
@@ -18,7 +20,7 @@ def _share(mask: np.ndarray) -> float:
 
 @register_orchestra("math")
 class MathLoop(Orchestra):
-    """Solver <-> Verifier loop (NOTES §4): up to ``max_loops`` rounds. The Solver writes a solution
+    """Solver <-> Verifier loop (docs/paper.md §4): up to ``max_loops`` rounds. The Solver writes a solution
     ending in \\boxed{}; the Verifier approves or rejects; a rejection sends the episode to another
     Solver round, which sees the rejected solution. The Verifier is not called after the last Solver
     round. The answer is the last Solver output. An invalid verdict ends the loop like an approval
@@ -87,6 +89,8 @@ def env_steps_frame(step_infos: list[list[dict[str, Any]]]) -> pd.DataFrame:
     """The search environment's step infos as one frame: ``traj``, ``env_turn`` (1-based: the episode's
     n-th env step), ``action`` (search / answer / invalid), ``missed`` (a retrieval that returned ranks
     k+1..2k; NaN where nothing was retrieved), ``obs_valid`` (the retrieval succeeded)."""
+    import pandas as pd  # here, not at the top: validating a config imports this module, and pandas costs 0.5 s
+
     records = [(i, info.get("turn", 0), info.get("action", ""), info.get("missed", np.nan), info.get("obs_valid", False))
                for i, infos in enumerate(step_infos) for info in infos]
     return pd.DataFrame.from_records(records, columns=["traj", "env_turn", "action", "missed", "obs_valid"])
@@ -110,7 +114,7 @@ class _TurnLimited(Orchestra):
 
 @register_orchestra("search")
 class SearchHierarchy(_TurnLimited):
-    """Verifier -> Search / Answer hierarchy (NOTES §4), at most ``max_turns`` turns. Each turn the
+    """Verifier -> Search / Answer hierarchy (docs/paper.md §4), at most ``max_turns`` turns. Each turn the
     Verifier says <verify>yes</verify> (-> the Answer agent answers, episode ends) or
     <verify>no</verify> (-> the Search agent writes a query; top-k passages come back in the history).
     If the last turn still says no, the episode ends with reward 0 (the Search agent is not called on
@@ -149,6 +153,8 @@ class SearchHierarchy(_TurnLimited):
         yes, turn, traj = table.action[verifier] == "yes", table.turn[verifier], table.traj[verifier]
         for t in range(self.max_turns):
             out[f"search/verifier_yes_turn{t}"] = _share(yes[turn == t])
+        import pandas as pd  # as in env_steps_frame
+
         steps = env_steps_frame(step_infos)
         retrieved = steps[(steps["action"] == "search") & steps["obs_valid"].astype(bool) & steps["missed"].notna()]
         missed = retrieved.set_index(["traj", "env_turn"])["missed"]

@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from drmas.registry import Registry
+from drmas.rollout.catalog import ENGINES, register_engine  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -98,10 +98,8 @@ def stop_positions(tokens: torch.Tensor, stop_ids: torch.Tensor) -> tuple[torch.
 
 
 EngineFactory = Callable[..., RolloutEngine]
-ENGINES: Registry[EngineFactory] = Registry("rollout engine")
-register_engine = ENGINES.register  # class decorator: make an engine buildable as make_engine(name, ...)
 
 
 def make_engine(name: str, **kw) -> RolloutEngine:
-    """Build the engine registered as ``name`` (import drmas.rollout to register the built-in ones)."""
+    """Build the engine registered as ``name`` (a built-in one is imported on first use)."""
     return ENGINES.build(name, **kw)

@@ -56,8 +56,10 @@ def collect(
     slots: dict[str, AgentSlot],
     generators: dict[str, Generator],
     seed: int,
+    on_call: Callable[[int], None] | None = None,
 ) -> Collected:
-    """B tasks x ``group_size`` trajectories; trajectory t belongs to task t // group_size."""
+    """B tasks x ``group_size`` trajectories; trajectory t belongs to task t // group_size. ``on_call`` (a
+    progress display) is called after each agent call with the number of episodes finished so far."""
     episode_tasks = [task for task in tasks for _ in range(group_size)]
     traj_task = np.repeat(np.arange(len(tasks)), group_size)
     episodes = Episodes(episode_tasks, make_env(), seed=seed)
@@ -88,6 +90,8 @@ def collect(
             truncated=np.asarray(gen.truncated, bool), reward=np.zeros(n), score=np.zeros(n),
             advantage=np.full(n, np.nan), action=np.array([p.action for p in parsed], object), prompt_ids=gen.prompt_ids, response_ids=gen.response_ids,
             texts=list(gen.texts)))
+        if on_call is not None:
+            on_call(int(episodes.done.sum()))
         return list(gen.texts), parsed
 
     orchestra.run(episodes, call)

@@ -14,7 +14,6 @@ import math
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +48,8 @@ def identical_samples(task: np.ndarray, traj: np.ndarray, classes: np.ndarray) -
     every score in a group is equal and every advantage 0 (temperature 0 does this)."""
     if len(classes) == 0:
         return False
+    import pandas as pd  # here: the CLI imports this module's errors on every failure, and pandas costs 0.5 s
+
     frame = pd.DataFrame({"task": task, "traj": traj, "cls": classes})
     group_size = frame.groupby("task")["traj"].nunique()
     per_class = frame.groupby("cls").agg(task=("task", "first"), trajs=("traj", "nunique"))

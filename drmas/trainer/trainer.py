@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import time
 from contextlib import contextmanager
@@ -21,6 +20,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
+from drmas.about import git_commit
 from drmas.agents import make_agent
 from drmas.algos import SpikeDetector, compute_advantages, step_classes
 from drmas.checkpoints import verify_artifact
@@ -31,6 +31,7 @@ from drmas.devices import describe, resolve_device
 from drmas.orchestra import make_orchestra
 from drmas.rollout.base import SamplingParams
 from drmas.loggers import MetricsSink
+from drmas.progress import Progress
 from drmas.trainer.metrics import closing_metrics, evaluation_metrics, spike_metrics, step_metrics, tool_metrics
 from drmas.trainer.collect import AgentSlot, Collected, collect
 from drmas.trainer.health import (DegenerateWatch, NonFiniteStop, NonFiniteWeights, WorkerGroupLost, identical_samples,
@@ -85,6 +86,8 @@ class Trainer:
         self.consecutive_nonfinite = 0
         self.degenerate = DegenerateWatch()
         self.step = 0
+        self.progress = True
+        """Progress of the steps and evaluations (:class:`drmas.progress.Progress`); :meth:`train` sets it."""
 
     # -------------------------------------------------------------------------------- one RL step
     def rollout(self, step: int, make_env: Callable[[], Any] | None = None) -> Collected:
@@ -167,8 +170,11 @@ class Trainer:
         sets = self.source.eval_sets(cfg.train.eval_tasks)
         tasks = [t for ts in sets.values() for t in ts]  # one batched rollout for every benchmark
         before = self.source.tool_counts()
-        rollout = collect(tasks, k, self.orchestra, self.source.make_env, self.eval_slots,
-                          self.backend.generators(), seed=10_000_019 + step)
+        with Progress(len(tasks) * k, f"eval step {step}", unit="episode", enabled=self.progress, log=logger,
+                      leave=False) as bar:
+            rollout = collect(tasks, k, self.orchestra, self.source.make_env, self.eval_slots,
+                              self.backend.generators(), seed=10_000_019 + step, on_call=bar.advance_to)
+            bar.advance_to(len(tasks) * k)
         tools = {t: n for t, n in self._tool_check(before, f"evaluation at step {step}").items() if n[1]}
         bounds = np.cumsum([0] + [len(ts) for ts in sets.values()]) * k  # trajectories are task-major
         records = {name: evaluation_metrics(rollout.traj_reward[lo:hi], k)
@@ -177,6 +183,8 @@ class Trainer:
             if record:
                 self.sink.write_eval({"step": step, "benchmark": name, **rec,
                                       **({"tool_failures": {t: n[1] for t, n in tools.items()}} if tools else {})})
+        if record:
+            self.sink.write_eval_average(step, records.values())
         logger.info("eval step %d: %s (%.1fs)", step,
                     ", ".join(f"{k} avg@{cfg.train.eval_samples}={v['avg']:.3f} pass={v['pass']:.3f}" for k, v in records.items()),
                     time.perf_counter() - t0)
@@ -187,6 +195,7 @@ class Trainer:
         """Resume (or start), run the remaining steps, evaluate and checkpoint at the end, write ``DONE``.
         A dead worker group is replaced and the run goes on from its last checkpoint (deterministic, so
         the records are those of an uninterrupted run), at most ``max_worker_restarts`` times."""
+        self.progress = progress
         with claim_run_folder(self.cfg, self.stale) as kept:  # one writer; records of another config are not relabelled
             self.source.check_tools()  # a retrieval server that does not answer stops the run before step 0
             self.sink.open()  # so does a logger that cannot start
@@ -229,19 +238,15 @@ class Trainer:
         evaluating = cfg.train.evaluate
         if start == 0 and evaluating:
             self.evaluate(0)
-        bar = _progress(range(start, cfg.train.steps), progress, initial=start, total=cfg.train.steps)
+        bar = Progress(cfg.train.steps, "rl", enabled=progress, initial=start, log=logger)
         last: dict[str, Any] = {}
-        for step in bar:
+        for step in bar.iterate(range(start, cfg.train.steps)):
             self.step = step
             metrics = self.train_step(step)
             self.sink.write_step(step, metrics)
             last = metrics
             self._check_nonfinite(metrics, step)
-            if hasattr(bar, "set_postfix") and not getattr(bar, "disable", True):
-                bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", t=f"{metrics['timing/step']:.2f}s")
-            elif progress and (step % 10 == 0 or step + 1 == cfg.train.steps):  # no terminal: log lines
-                logger.info("step %d/%d reward %.3f (%.2fs/step)", step + 1, cfg.train.steps,
-                            metrics["reward/mean"], metrics["timing/step"])
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
             done = step + 1
             if evaluating and cfg.train.eval_every and done % cfg.train.eval_every == 0 and done < cfg.train.steps:
                 self.evaluate(done)
@@ -311,7 +316,7 @@ class Trainer:
             "seeds": {"train": self.cfg.train.seed},
             "versions": {"python": platform.python_version(), "torch": torch.__version__,
                          "transformers": transformers.__version__, "numpy": np.__version__},
-            "git_commit": _git_commit(), "argv": sys.argv, "device": describe(resolve_device(self.cfg.train.device)),
+            "git_commit": git_commit(), "argv": sys.argv, "device": describe(resolve_device(self.cfg.train.device)),
         }
         atomic_write_json(self.run_dir / "manifest.json", manifest, indent=2, default=str)
         atomic_write_text(self.run_dir / "config.yaml", dump_config(self.cfg))
@@ -334,22 +339,4 @@ def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
     t0 = time.perf_counter()
     yield
     timings[name] = time.perf_counter() - t0
-
-
-def _progress(it, enabled: bool, **kw):
-    if not enabled:
-        return it
-    from tqdm.auto import tqdm
-
-    return tqdm(it, desc="rl", dynamic_ncols=True, disable=not sys.stderr.isatty() and not os.environ.get("DRMAS_PROGRESS"), **kw)
-
-
-def _git_commit() -> str | None:
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                              cwd=Path(__file__).resolve().parents[2]).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 

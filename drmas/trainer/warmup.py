@@ -162,7 +162,8 @@ def _warmup_locked(cfg: RunConfig, progress: bool) -> dict[str, Any]:
     # the plug-ins this process imported (their agent roles, task sources and classes are known there too)
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=init_worker,
                              initargs=(os.getpid(), signal.SIGKILL, loaded_plugins())) as pool:
-        return dict(pool.map(_run_sft_job, jobs, [False] * len(jobs)))
+        # progress as timed log lines (bar=False): the bars of parallel processes would overwrite each other
+        return dict(pool.map(_run_sft_job, jobs, [progress] * len(jobs), [False] * len(jobs)))
 
 
 @dataclass(frozen=True)
@@ -178,8 +179,9 @@ class _SFTJob:
     device: str = "cpu"
 
 
-def _run_sft_job(job: _SFTJob, progress: bool) -> tuple[str, dict[str, Any]]:
-    """Build, fine-tune and save one model (runs in a worker process when several models warm up)."""
+def _run_sft_job(job: _SFTJob, progress: bool, bar: bool | None = None) -> tuple[str, dict[str, Any]]:
+    """Build, fine-tune and save one model (runs in a worker process when several models warm up); ``progress``
+    and ``bar`` are :class:`drmas.progress.Progress`'s."""
     import torch
 
     from drmas.devices import describe, resolve_device
@@ -195,6 +197,6 @@ def _run_sft_job(job: _SFTJob, progress: bool) -> tuple[str, dict[str, Any]]:
     model = build_policy(job.preset, tokenizer, seed=job.sft.seed).to(device)
     logger.info("SFT warm-up of %s (%s, %d params) on %d examples, on %s", job.key, job.preset,
                 count_parameters(model), len(job.examples), describe(device))
-    metrics = sft_train(model, tokenizer, job.examples, job.sft, progress=progress)
+    metrics = sft_train(model, tokenizer, job.examples, job.sft, progress=progress, desc=f"sft {job.key}", bar=bar)
     save_policy(model, tokenizer, job.path, built_by=job.build)  # atomic (temporary folder, then rename)
     return job.key, {**metrics, "examples": len(job.examples), "params": count_parameters(model)}

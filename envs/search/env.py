@@ -1,4 +1,4 @@
-"""Multi-turn search environment (Search-R1 tool protocol, Dr. MAS search system; NOTES.md §4).
+"""Multi-turn search environment (Search-R1 tool protocol, Dr. MAS search system; docs/paper.md §4).
 
 Each episode is one question. An action is the text an agent wrote; the environment reads its tags:
 

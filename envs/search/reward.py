@@ -2,7 +2,7 @@
 
 ``normalize_answer`` is the normalization of the SQuAD v1.1 evaluation script, which Search-R1 and
 FlashRAG use: lower-case, drop punctuation, drop the articles a/an/the, collapse whitespace.
-The reward of the search task is ``exact_match`` against *any* gold answer (paper §4, NOTES.md).
+The reward of the search task is ``exact_match`` against *any* gold answer (docs/paper.md §4).
 """
 from __future__ import annotations
 

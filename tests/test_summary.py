@@ -1,0 +1,231 @@
+"""One run, readable: the end-of-run summary of ``drmas train`` and ``drmas summary RUN`` (drmas/summary.py), the
+progress lines off a terminal (drmas/progress.py) and what the TensorBoard logger writes besides the scalars
+(the config as text, ``eval/avg``). One real 2-step search run from the shipped nano base (no SFT warm-up), and
+synthetic run folders whose numbers are known."""
+from __future__ import annotations
+
+import io
+import logging
+import subprocess
+import sys
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from drmas.cli import main
+from drmas.config import ConfigError, dump_config, load_config
+from drmas.io import append_jsonl, atomic_write_json, atomic_write_text
+from drmas.progress import Progress, format_duration, interval_from_env, progress_line, wants_bar
+from drmas.summary import CURVES_PNG, SUMMARY_MD, benchmark_evals, read_summary, summary_text
+
+ROOT = Path(__file__).resolve().parents[1]
+SEARCH = str(ROOT / "experiments/configs/cpu/search_base.yaml")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A finished 2-step ``drmas train`` run (evaluations at steps 0, 1 and 2, a checkpoint, TensorBoard on) and
+    what it printed to stdout."""
+    tmp = tmp_path_factory.mktemp("summary")
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = main(["train", SEARCH, "name=r", f"out_dir={tmp}/runs", "train.steps=2", "train.batch_tasks=2",
+                     "train.group_size=2", "train.eval_tasks=2", "train.eval_samples=1", "train.eval_every=1",
+                     "train.save_every=0", "--no-progress"])
+    assert code == 0, out.getvalue()
+    return tmp / "runs" / "r", out.getvalue()
+
+
+def _synthetic(tmp: Path, done: bool, steps: int = 5) -> Path:
+    """A run folder with the project's own config dump, 3 step records and evaluations at steps 0 and 2."""
+    cfg = load_config(SEARCH, [f"out_dir={tmp}", "name=syn", f"train.steps={steps}", "train.eval_samples=4"])
+    run = cfg.run_dir
+    run.mkdir(parents=True)
+    atomic_write_text(run / "config.yaml", dump_config(cfg))
+    for step, (reward, seconds) in enumerate([(0.2, 1.0), (0.4, 2.0), (0.3, 3.0)]):
+        append_jsonl(run / "metrics.jsonl", {"step": step, "reward/mean": reward, "timing/step": seconds})
+    for step, a, b in ((0, 0.5, 0.1), (2, 0.4, 0.4)):
+        for name, avg in (("kb-1hop", a), ("kb-2hop", b)):
+            append_jsonl(run / "eval.jsonl", {"step": step, "benchmark": name, "avg": avg, "pass": avg, "k": 4,
+                                              "n_tasks": 10})
+    if done:
+        atomic_write_json(run / "DONE", {"steps": 3})
+    return run
+
+
+# ================================================================================== the summary
+def test_the_summary_of_a_stopped_run_gives_final_best_average_and_step_time(tmp_path):
+    s = read_summary(_synthetic(tmp_path, done=False))
+    assert (s.state, s.steps_done, s.steps_total) == ("stopped", 3, 5)
+    assert s.progress == "stopped at step 3 of 5"
+    by_name = {b.name: b for b in s.benchmarks}
+    assert (by_name["kb-1hop"].final, by_name["kb-1hop"].best, by_name["kb-1hop"].best_step) == (0.4, 0.5, 0)
+    assert (by_name["kb-2hop"].final, by_name["kb-2hop"].best, by_name["kb-2hop"].best_step) == (0.4, 0.4, 2)
+    assert s.eval_curve == ((0, pytest.approx(0.3)), (2, pytest.approx(0.4)))
+    assert s.final_average == (2, pytest.approx(0.4)) and s.best_average == (2, pytest.approx(0.4))
+    assert s.mean_step_seconds == pytest.approx(2.0) and s.eval_k == 4
+    assert s.checkpoint_step is None and not s.tensorboard
+    text = summary_text(s)
+    assert text.splitlines()[0] == "run syn: stopped at step 3 of 5"
+    assert "  average    0.400 (step 2)  0.400 (step 2)" in text
+    assert "mean 2.00 s/step over 3 steps" in text and "to resume" in text
+    assert "drmas eval" not in text and "tensorboard --logdir" not in text  # no checkpoint, no tb/
+    assert text.rstrip().endswith("(to resume: run the same `drmas train` command again)")
+
+
+def test_a_finished_run_reads_as_finished_with_the_steps_of_done(tmp_path):
+    s = read_summary(_synthetic(tmp_path, done=True, steps=3))
+    assert s.state == "finished" and s.progress == "finished: 3 of 3 steps"
+    assert "to resume" not in summary_text(s)
+
+
+def test_a_later_record_of_the_same_evaluation_replaces_the_earlier_one():
+    recs = [{"step": 0, "benchmark": "a", "avg": 0.1}, {"step": 0, "benchmark": "a", "avg": 0.3},
+            {"step": 1, "benchmark": "a", "avg": 0.2}]
+    benchmarks, curve = benchmark_evals(recs)
+    assert curve == ((0, 0.3), (1, 0.2)) and (benchmarks[0].best, benchmarks[0].final) == (0.3, 0.2)
+
+
+def test_a_run_held_by_a_live_process_reads_as_in_progress(tmp_path):
+    run = _synthetic(tmp_path, done=False)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys\nfrom drmas.locks import folder_lock\n"
+                               f"with folder_lock({str(run)!r}, 'run folder'):\n    print('held', flush=True)\n"
+                               "    sys.stdin.read()"], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        s = read_summary(run)
+        assert s.state == "in progress" and f"pid {holder.pid}" in s.holder
+        assert s.progress.startswith("in progress: step 3 of 5 (pid ")
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert read_summary(run).state == "stopped"
+
+
+def test_drmas_train_ends_with_the_summary(tiny_run):
+    run, printed = tiny_run
+    assert "run complete" not in printed
+    lines = printed.splitlines()
+    start = lines.index("run r: finished: 2 of 2 steps")
+    assert "\n".join(lines[start:]) == summary_text(read_summary(run))  # the same function as `drmas summary`
+    assert "  average  " in printed and "s/step over 2 steps" in printed
+    for shown in (f"  checkpoint   {run}/checkpoints/latest (step 2)", f"  tensorboard  {run}/tb",
+                  f"  metrics      {run}/metrics.jsonl", f"  tensorboard --logdir {run}/tb", f"  drmas eval {run}",
+                  f"  drmas summary {run}"):
+        assert shown in lines, shown
+    s = read_summary(run)
+    assert [step for step, _ in s.eval_curve] == [0, 1, 2] and [step for step, _ in s.reward_curve] == [0, 1]
+    assert {b.name for b in s.benchmarks} == {"kb-1hop", "kb-2hop"}
+
+
+def test_drmas_summary_prints_it_and_writes_summary_md_with_the_curves(tiny_run, capsys):
+    run, _ = tiny_run
+    assert main(["summary", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("run r: finished: 2 of 2 steps\n") and out.rstrip().endswith(f"wrote {run / SUMMARY_MD}")
+    md = (run / SUMMARY_MD).read_text()
+    assert f"![training reward and evaluation average over the steps]({CURVES_PNG})" in md
+    assert "| average |" in md and f"drmas eval {run}" in md
+    assert (run / CURVES_PNG).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"  summary      {run / SUMMARY_MD}" in out.splitlines()
+
+
+def test_a_folder_that_is_not_a_run_folder_is_one_drmas_line(tmp_path, capsys):
+    assert main(["summary", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"drmas: {tmp_path} is not a run folder (no config.yaml); pass the folder `drmas train` wrote"]
+    assert main(["summary", str(tmp_path / "missing")]) == 2
+    assert "is not a run folder (no such folder)" in capsys.readouterr().err
+    (tmp_path / "config.yaml").write_text("- a list\n")
+    with pytest.raises(ConfigError, match="not a run config"):
+        read_summary(tmp_path)
+    assert not (tmp_path / SUMMARY_MD).exists()
+
+
+def test_importing_the_summary_module_stays_light():
+    probe = ("import sys, drmas.summary, drmas.progress\n"
+             "print(sorted(m for m in ('torch', 'pandas', 'matplotlib', 'tqdm') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+# ================================================================================== progress
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_off_a_terminal_progress_is_a_line_with_rate_and_eta_at_the_interval(caplog):
+    clock = FakeClock()
+    log = logging.getLogger("test_summary.progress")
+    with caplog.at_level(logging.INFO, logger=log.name):
+        bar = Progress(10, "rl", bar=False, every=30, clock=clock, log=log)
+        for _ in bar.iterate(range(10)):
+            clock.now += 12  # 12 s a step: a line after steps 3, 6 and 9 (36, 72, 108 s) and the last one
+            bar.set_postfix(reward="0.500")
+    lines = [r.getMessage() for r in caplog.records if r.name == log.name]
+    assert lines == ["rl 3/10 (30%) 12.00 s/step, elapsed 0:36, ETA 1:24, reward=0.500",
+                     "rl 6/10 (60%) 12.00 s/step, elapsed 1:12, ETA 0:48, reward=0.500",
+                     "rl 9/10 (90%) 12.00 s/step, elapsed 1:48, ETA 0:12, reward=0.500",
+                     "rl 10/10 (100%) 12.00 s/step, elapsed 2:00, ETA 0:00, reward=0.500"]
+
+
+def test_a_resumed_loop_rates_only_its_own_steps_and_a_short_loop_stays_quiet(caplog):
+    clock = FakeClock()
+    log = logging.getLogger("test_summary.progress")
+    with caplog.at_level(logging.INFO, logger=log.name):
+        bar = Progress(100, "rl", bar=False, every=30, clock=clock, log=log, initial=50)
+        clock.now += 40
+        bar.update(2)  # 2 steps in 40 s since the resume at step 50
+        quiet = Progress(5, "eval step 0", unit="episode", bar=False, every=30, clock=clock, log=log)
+        clock.now += 1
+        quiet.advance_to(5)
+        off = Progress(5, "sft", enabled=False, bar=False, every=0.001, clock=clock, log=log)
+        clock.now += 60
+        off.update(5)
+    lines = [r.getMessage() for r in caplog.records if r.name == log.name]
+    assert lines == ["rl 52/100 (52%) 20.00 s/step, elapsed 0:40, ETA 16:00"]
+
+
+def test_progress_format_and_environment():
+    assert progress_line("eval", 30, 40, 3.0, 10.0, unit="episode") == \
+        "eval 30/40 (75%) 10.00 episode/s, elapsed 0:03, ETA 0:01"
+    assert progress_line("rl", 0, 5, 1.0, 0.0) == "rl 0/5 (0%) ? s/step, elapsed 0:01, ETA ?"
+    assert format_duration(3725) == "1:02:05" and format_duration(float("nan")) == "?"
+    assert interval_from_env({}) == 30 and interval_from_env({"DRMAS_PROGRESS_EVERY": "5"}) == 5
+    assert interval_from_env({"DRMAS_PROGRESS_EVERY": "soon"}) == 30
+    assert interval_from_env({"DRMAS_PROGRESS_EVERY": "-1"}) == 30
+
+    class Pipe:
+        def isatty(self) -> bool:
+            return False
+
+    assert not wants_bar({}, Pipe()) and wants_bar({"DRMAS_PROGRESS": "1"}, Pipe())
+    assert not wants_bar({"DRMAS_PROGRESS": "0"}, Pipe())
+
+
+# ================================================================================== TensorBoard
+def test_tensorboard_holds_the_config_as_text_and_the_eval_average(tiny_run):
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError:
+        pytest.skip("tensorboard is not installed (pip install 'drmas[analysis]'); its events cannot be read back")
+    import yaml
+
+    run, _ = tiny_run
+    events = EventAccumulator(str(run / "tb"), size_guidance={"tensors": 0, "scalars": 0})
+    events.Reload()
+    text = events.Tensors("config/text_summary")
+    assert len(text) == 1
+    shown = text[0].tensor_proto.string_val[0].decode()
+    assert shown.startswith("```yaml\n") and shown.endswith("```")
+    assert yaml.safe_load(shown[len("```yaml\n"):-3]) == yaml.safe_load((run / "config.yaml").read_text())
+    expected = read_summary(run).eval_curve
+    assert [(e.step, pytest.approx(e.value, abs=1e-6)) for e in events.Scalars("eval/avg")] == \
+        [(step, value) for step, value in expected]
