@@ -3,7 +3,6 @@ the libraries a run uses, and the devices torch sees (``drmas env``)."""
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import platform
 import subprocess
 import sys
@@ -45,10 +44,11 @@ def devices() -> dict[str, Any]:
     """CPU cores and torch's view of the accelerators (imports torch)."""
     import torch
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    from drmas.devices import cpu_cores
+
     gpus = [f"cuda:{i} {torch.cuda.get_device_name(i)} ({torch.cuda.get_device_properties(i).total_memory / 2**30:.0f} GiB)"
             for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
-    return {"cpu_cores": cores, "torch_threads": torch.get_num_threads(), "cuda_build": torch.version.cuda,
+    return {"cpu_cores": cpu_cores(), "torch_threads": torch.get_num_threads(), "cuda_build": torch.version.cuda,
             "cuda_available": torch.cuda.is_available(), "gpus": gpus}
 
 

@@ -50,6 +50,11 @@ def resolve_device(spec: str) -> torch.device:
     return device
 
 
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def check_precision(precision: str) -> str:
     """``precision`` if it is registered in :data:`PRECISIONS`, else the error that lists them."""
     if precision not in PRECISIONS:
@@ -73,8 +78,7 @@ def describe(device: torch.device) -> str:
     import torch
 
     if device.type != "cuda":
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        return f"{device} ({cores} cores)"
+        return f"{device} ({cpu_cores()} cores)"
     index = device.index if device.index is not None else torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)
     return f"cuda:{index} ({props.name}, {props.total_memory / 2**30:.0f} GiB)"

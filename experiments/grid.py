@@ -130,9 +130,9 @@ def hardware(device: str) -> tuple[int, int, str]:
     """(usable CPU cores, GPUs the runs will use, a line naming them) for ``--device``."""
     import torch
 
-    from drmas.devices import resolve_device
+    from drmas.devices import cpu_cores, resolve_device
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = cpu_cores()
     try:
         resolved = resolve_device(device)
     except ValueError as exc:

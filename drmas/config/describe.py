@@ -52,10 +52,15 @@ def describe_config(cfg: BaseModel) -> str:
     return "\n".join(describe_lines(cfg)) + "\n"
 
 
+def shipped_config_paths(root: Path = CONFIGS) -> list[Path]:
+    """Every shipped config under ``root`` (``<kind>/<name>.yaml``), sorted."""
+    return sorted(root.glob("*/*.yaml"))
+
+
 def shipped_configs(root: Path = CONFIGS) -> list[tuple[Path, str]]:
     """(path, first sentence of its header comment) of every shipped config under ``root``."""
     out = []
-    for path in sorted(root.glob("*/*.yaml")):
+    for path in shipped_config_paths(root):
         header = []
         for line in path.read_text().splitlines():
             if not line.startswith("#"):

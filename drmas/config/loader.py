@@ -60,9 +60,9 @@ def _nearest_shipped(path: Path) -> str:
     repository, or from ``configs/`` on) or file name is closest to ``path``; else the hint to list them."""
     import difflib
 
-    from drmas.config.describe import CONFIGS
+    from drmas.config.describe import CONFIGS, shipped_config_paths
 
-    shipped = sorted(CONFIGS.glob("*/*.yaml"))
+    shipped = shipped_config_paths()
     if not shipped:
         return ""
     root = CONFIGS.parents[1]
