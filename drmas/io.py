@@ -227,6 +227,16 @@ def atomic_write_json(path: str | Path, obj: Any, **kw: Any) -> None:
     atomic_write_text(path, json.dumps(obj, **kw))
 
 
+def read_json_object(path: str | Path) -> dict[str, Any] | None:
+    """The JSON object (a dict) that ``path`` holds; ``None`` when the file is absent, unreadable, not JSON or not
+    an object (a run folder's manifest.json and DONE are read this way)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     """Hex sha256 of a file's bytes."""
     h = hashlib.sha256()

@@ -18,7 +18,7 @@ import yaml
 
 from drmas.checkpoints import read_manifest
 from drmas.config import ConfigError
-from drmas.io import atomic_output, atomic_write_text, read_jsonl
+from drmas.io import atomic_output, atomic_write_text, read_json_object, read_jsonl
 from drmas.locks import describe_holder, live_holder
 from drmas.loggers import eval_average
 
@@ -99,15 +99,8 @@ def _read_config(run_dir: Path) -> dict[str, Any]:
 
 
 def _read_done(path: Path) -> dict[str, Any] | None:
-    import json
-
-    try:
-        done = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        return {}  # DONE is there, its content unreadable: the run finished all the same
-    return done if isinstance(done, dict) else {}
+    """``DONE``'s record; None without one, {} when it is there but unreadable (the run finished all the same)."""
+    return (read_json_object(path) or {}) if path.exists() else None
 
 
 def benchmark_evals(records: list[dict[str, Any]]) -> tuple[tuple[BenchmarkEval, ...], tuple[tuple[int, float], ...]]:

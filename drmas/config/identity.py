@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from drmas.config.errors import ConfigError
+from drmas.io import read_json_object
 from drmas.config.schema import RunConfig
 
 logger = logging.getLogger(__name__)
@@ -144,10 +145,7 @@ def saved_config_changes(cfg: RunConfig) -> list[str]:
         saved = load_config(saved_file, [])
     except ConfigError as exc:
         return [f"(its config.yaml no longer loads: {str(exc).splitlines()[-1].strip()})"]
-    try:
-        recorded = json.loads((cfg.run_dir / "manifest.json").read_text()).get("plugin_sources") or {}
-    except (OSError, ValueError, AttributeError):
-        recorded = {}
+    recorded = (read_json_object(cfg.run_dir / "manifest.json") or {}).get("plugin_sources") or {}
     return config_changes(saved, cfg) + plugin_changes(recorded, plugin_sources(cfg))
 
 

@@ -26,7 +26,7 @@ from drmas.algos import SpikeDetector, compute_advantages, step_classes
 from drmas.checkpoints import verify_artifact
 from drmas.config import RunConfig, dump_config
 from drmas.config.identity import identity_record
-from drmas.io import atomic_write_json, atomic_write_text
+from drmas.io import atomic_write_json, atomic_write_text, read_json_object
 from drmas.devices import describe, resolve_device
 from drmas.orchestra import make_orchestra
 from drmas.rollout.base import SamplingParams
@@ -307,7 +307,7 @@ class Trainer:
 
         import transformers
 
-        previous = _read_json(self.run_dir / "manifest.json").get("config_changes_kept", [])
+        previous = (read_json_object(self.run_dir / "manifest.json") or {}).get("config_changes_kept", [])
         manifest = {
             **identity_record(self.cfg, [*previous, *kept_changes]),
             "name": self.cfg.name, "config": json.loads(self.cfg.model_dump_json()),
@@ -324,14 +324,6 @@ class Trainer:
     def close(self) -> None:
         self.backend.close()
         self.source.close()
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 @contextmanager
