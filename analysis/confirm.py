@@ -481,13 +481,19 @@ def _shown(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.map(lambda v: "not reached" if isinstance(v, float) and v == math.inf else v)
 
 
+def _label(key: str) -> str:
+    """A claim as REPORT.md names it, with its key where the two differ (``C-acc (accuracy-confirm)``)."""
+    label = LABELS.get(key, (key, ""))[0]
+    return label if label == key else f"{label} ({key})"
+
+
 def summary_markdown(an: Confirmation, runs_dir: Path) -> str:
     """results/stability_confirm/summary.md: each claim's verdict, test, effect with CI and data."""
     lines = [f"# Confirmatory stability round ({runs_dir})", "",
              f"Finished runs: {an.finished} of {an.total}" + ("" if an.complete else " (verdicts incomplete)") + ".",
              f"Rules: docs/stability.md, \"The confirmatory round\". Code commits: "
              f"{', '.join(sorted(set(an.events['git_commit'].dropna().astype(str)))) or 'none recorded'}.", ""]
-    lines += ["| claim | verdict |", "|---|---|", *[f"| {k} | {v} |" for k, v in an.verdicts.items()], ""]
+    lines += ["| claim | verdict |", "|---|---|", *[f"| {_label(k)} | {v} |" for k, v in an.verdicts.items()], ""]
     if an.c1:
         c = an.c1
         lines += ["## C1 time to collapse", "",
@@ -542,10 +548,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 # ------------------------------------------------------------------------------------------ REPORT.md
 PAPER_STABLE = "GRPO's per-agent gradient norms spike and the run can collapse; Dr. MAS trains stably (Sec. 5, Figs. 4, 6, 8)"
 PAPER_STABLE_HEADLINE = "GRPO unstable, Dr. MAS stable"
@@ -570,6 +572,22 @@ CLAIMS = {
                          "Wilcoxon over tasks, Holm over the 3 levels (docs/stability.md)"),
 }
 
+LABELS = {
+    "C1": ("C1", "HR = Cox hazard ratio of collapse (Terms), GRPO / Dr. MAS, stratified by lr (> 1: GRPO collapses "
+                 "sooner) with its 95 % CI; p = one-sided stratified log-rank test"),
+    "C2": ("C2", "abandonment (Terms); k/n = runs that abandoned an agent out of the finished runs; p = one-sided "
+                 "Cochran-Mantel-Haenszel test over the lrs"),
+    "C3": ("C3", "ratio = GRPO / Dr. MAS of the p95 pre-clip norm over steps 0-39 of a twin pair (the Dr. MAS run of the "
+                 "same lr and seed), median over pairs; k/n above = pairs whose ratio is > 1"),
+    "C4": ("C4", "LR50 = the lr at which an estimator's fitted collapse probability crosses 1/2 (the C4 frontier); "
+                 "ratio = LR50(Dr. MAS) / LR50(GRPO) with its bootstrap CI; \"below the grid\": every run of the "
+                 "estimator collapsed, so its LR50 lies below the lowest lr tried (no point estimate: —)"),
+    "C5": ("C5", "update ratio = GRPO / Dr. MAS of the norm of the applied parameter update per twin pair, with the "
+                 "clip on and off; HR as in C1, in the clip-off arm"),
+    "accuracy-confirm": ("C-acc", "auc as in S-acc (Dr. MAS − GRPO of the time-averaged avg@4, pts) per main-arm lr, "
+                                  "Holm over the 3 lrs (a secondary measure, not one of C1-C5)"),
+}
+"""REPORT.md label and gloss of each claim of :data:`CLAIMS` (same keys, same order)."""
 
 def _ours(an: Confirmation, key: str) -> tuple[str, str]:
     """(ours in words, ours in one number) of one claim."""
@@ -630,3 +648,7 @@ def load_optional(path: Path | None) -> Confirmation | None:
     if path is None or not Path(path).is_dir() or not any(p.is_dir() for p in Path(path).iterdir()):
         return None
     return analyze(load_grid(Path(path)))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -36,11 +36,12 @@ from analysis.mechanism import FACTOR_REGIME, MIN_POINTS, MechanismVerdict, leve
 from analysis.runs import GridData, GridLoadError, describe_scale, final_evals, load_grid
 from analysis.stats import N_BOOT, kendall_tau, spearman
 from analysis import confirm, stability
-from analysis.tables import (ABLATION, ABLATION_ONLY, DATA, PAIRS, PAPER_ABLATION_ORDER, PRICES_YAML, TABLE_OF_TASK,
-                             VARIANT, ablation_long, ablation_seeds, ablation_table, accuracy_long, accuracy_table,
-                             average_comparison, efficiency_long, efficiency_summary, fmt_ci, fmt_gain, fmt_pts,
-                             fmt_ratio, gradnorm_pairs, gradnorm_runs, gradnorm_table, headline_table, load_paper,
-                             load_prices, paired_long, paper_benchmark_table, paper_gain_pts, write_table)
+from analysis.tables import (ABLATION, ABLATION_ONLY, DATA, HEADLINE_POINTS, PAIRS, PAPER_ABLATION_ORDER, PRICES_YAML,
+                             TABLE_OF_TASK, VARIANT, ablation_long, ablation_seeds, ablation_table, accuracy_long,
+                             accuracy_table, average_comparison, efficiency_long, efficiency_summary, fmt_ci,
+                             fmt_gain, fmt_pts, fmt_ratio, gradnorm_pairs, gradnorm_runs, gradnorm_table,
+                             headline_table, load_paper, load_prices, paired_long, paper_benchmark_table,
+                             paper_gain_pts, write_table)
 
 logger = logging.getLogger("analysis.report")
 ROOT = Path(__file__).resolve().parent.parent
@@ -479,22 +480,6 @@ STABILITY_LABELS = {
                                     "[low, high] = 95 % bootstrap interval over tasks"),
 }
 """REPORT.md label and gloss of each stability claim of the search grid; another system's carry its name (S-b-math)."""
-CONFIRM_LABELS = {
-    "C1": ("C1", "HR = Cox hazard ratio of collapse (Terms), GRPO / Dr. MAS, stratified by lr (> 1: GRPO collapses "
-                 "sooner) with its 95 % CI; p = one-sided stratified log-rank test"),
-    "C2": ("C2", "abandonment (Terms); k/n = runs that abandoned an agent out of the finished runs; p = one-sided "
-                 "Cochran-Mantel-Haenszel test over the lrs"),
-    "C3": ("C3", "ratio = GRPO / Dr. MAS of the p95 pre-clip norm over steps 0-39 of a twin pair (the Dr. MAS run of the "
-                 "same lr and seed), median over pairs; k/n above = pairs whose ratio is > 1"),
-    "C4": ("C4", "LR50 = the lr at which an estimator's fitted collapse probability crosses 1/2 (the C4 frontier); "
-                 "ratio = LR50(Dr. MAS) / LR50(GRPO) with its bootstrap CI; \"below the grid\": every run of the "
-                 "estimator collapsed, so its LR50 lies below the lowest lr tried (no point estimate: —)"),
-    "C5": ("C5", "update ratio = GRPO / Dr. MAS of the norm of the applied parameter update per twin pair, with the "
-                 "clip on and off; HR as in C1, in the clip-off arm"),
-    "accuracy-confirm": ("C-acc", "auc as in S-acc (Dr. MAS − GRPO of the time-averaged avg@4, pts) per main-arm lr, "
-                                  "Holm over the 3 lrs (a secondary measure, not one of C1-C5)"),
-}
-"""REPORT.md label and gloss of each confirmatory claim (keys of :data:`analysis.confirm.CLAIMS`)."""
 
 
 def stability_label(key: str) -> tuple[str, str]:
@@ -552,7 +537,7 @@ CLAIMS = (
                 label=stability_label(key)[0], gloss=stability_label(key)[1])
       for task in stability.TASKS for key, judge, rule in stability.judges(task)),
     *(ClaimSpec(key, judge=lambda an, key=key: confirm.judge(an.confirm, key), rule=rule,
-                label=CONFIRM_LABELS.get(key, (key, ""))[0], gloss=CONFIRM_LABELS.get(key, (key, ""))[1])
+                label=confirm.LABELS.get(key, (key, ""))[0], gloss=confirm.LABELS.get(key, (key, ""))[1])
       for key, (_, rule) in confirm.CLAIMS.items()),
 )
 """The paper's claims in REPORT.md order; each carries its rule, its inputs and its verdict function."""
@@ -580,9 +565,12 @@ def write_tables(an: Analysis, out: Path) -> list[Path]:
         if len(pb):
             paths += write_table(out, f"{stem}_paper", pb, None, f"{task}: the paper's table (avg@16 / pass@16, percent)")
     head = an.headline
-    shown = head.assign(**{c: head[c].map(fmt_gain) for c in head.columns if c != "task"}).set_index("task")
+    shown = head.assign(**{c: head[c].map(fmt_pts if c in HEADLINE_POINTS else fmt_gain)
+                           for c in head.columns if c != "task"}).set_index("task")
     paths += write_table(out, "headline_gains", shown, head,
-                         "Headline relative gains, sum(Dr. MAS Average) / sum(GRPO Average) − 1")
+                         "Headline gains of Dr. MAS over GRPO: in points (pts: mean Dr. MAS − GRPO of the "
+                         "Average rows over the (model, assignment) pairs, REPORT.md's convention) and relative, "
+                         "as the paper prints them (sum(Dr. MAS Average) / sum(GRPO Average) − 1)")
     for task, abl in an.ablation.items():
         paths += write_table(out, f"table3_ablation_{task}", ablation_table(abl), abl,
                              f"Normalization ablation, {task} non-sharing (Average, percent; seeds every variant ran)")

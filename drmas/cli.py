@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -311,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # the common case, reported without importing the other errors' modules
         print(f"drmas: {exc}", file=sys.stderr)
         return CONFIG_ERROR_EXIT
+    except BrokenPipeError:  # the reader left (`drmas config list | head`): stop quietly, as the Python docs advise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush finds no pipe either
+        return 1
     except Exception as exc:
         codes = exit_codes()
         if not isinstance(exc, tuple(codes)):

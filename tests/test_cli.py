@@ -4,6 +4,7 @@ versions and devices, and the registries' catalogues name exactly what their mod
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -114,3 +115,16 @@ def test_a_builtin_name_is_not_taken_by_someone_else():
     assert reg.names() == ["a", "b"]
     with pytest.raises(KeyError, match="unknown thing 'c'"):
         reg.get("c")
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """``drmas config list | head``: the reader has closed the pipe (here before the first line, so the write fails
+    whatever the timing); the command stops with exit code 1 and no traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        out = subprocess.run([sys.executable, "-m", "drmas.cli", "config", "list"], cwd=REPO, stdout=write_end,
+                             stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write_end)
+    assert out.returncode == 1 and "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr

@@ -227,8 +227,8 @@ def test_prepare_generated_serves_the_kb_of_a_run_config(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("text", ["{n_people: [", "{n_people: 3", "n_people: 3: 4", "[\t"])
 def test_gen_kb_with_malformed_yaml_is_one_usage_error(capsys, text):
-    """Malformed YAML after `--gen-kb` is a usage error naming the flag and what to write, exit 2 (it used to
-    be a yaml ScannerError/ParserError traceback)."""
+    """Malformed YAML after `--gen-kb` is a usage error naming the flag and what to write, exit 2 (not a
+    yaml ScannerError/ParserError traceback)."""
     parser = argparse.ArgumentParser(prog="prepare")
     prepare.add_arguments(parser)
     with pytest.raises(SystemExit) as info:

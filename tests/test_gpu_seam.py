@@ -384,6 +384,48 @@ def test_fit_metrics():
     assert seam.fit_metrics([], ["a"], 0) == {"samples": 0}
 
 
+
+def test_behavior_metrics_equal_a_per_row_reference():
+    """The ranks' row statistics mapped back through the plan (2 ranks, 2 mini-batches, padding slots) give the
+    per-agent entropy and control-token probability of a slow reference that reads each row's own tensors."""
+    rng = np.random.default_rng(3)
+    n, world = 11, 2
+    prompts = [rng.integers(3, 50, rng.integers(1, 6)).tolist() for _ in range(n)]
+    responses = [rng.integers(3, 50, rng.integers(1, 7)).tolist() for _ in range(n)]
+    agents = np.array(["solver" if i % 3 else "verifier" for i in range(n)], dtype=object)
+    positions = np.array([rng.integers(-1, len(r)) for r in responses])
+    truth_logp = [rng.normal(-1.0, 0.3, len(r)) for r in responses]  # per response token
+    truth_entropy = [rng.uniform(0.1, 3.0, len(r)) for r in responses]
+    plan = seam.plan_minibatches([len(p) + len(r) for p, r in zip(prompts, responses)], 2, world, 2, seed=5)
+    assert any(seam.PADDING_ROW in micro for mini in plan for rank in mini for micro in rank)  # the plan pads
+    payloads = seam.rank_payloads(prompts, responses, np.zeros(n), plan, 0, world)
+    rank_rows = []
+    for r in range(world):  # what each rank returns: its micro-batches in action_mask's layout
+        rows = []
+        for m, mini in enumerate(payloads[r]):
+            rows.append([])
+            for k, mb in enumerate(mini):
+                logp = torch.zeros(mb["action_mask"].shape, dtype=torch.float64)
+                ent = torch.zeros(len(plan[m][r][k]), dtype=torch.float64)
+                for j, i in enumerate(plan[m][r][k]):
+                    if i != seam.PADDING_ROW:
+                        p = len(prompts[i])
+                        logp[j, p - 1:p - 1 + len(responses[i])] = torch.as_tensor(truth_logp[i])
+                        ent[j] = float(truth_entropy[i].sum())
+                rows[-1].append({"entropy_sum": ent, "tokens": mb["action_mask"].sum(-1).double(), "old_logp": logp})
+        rank_rows.append(rows)
+    got = seam.behavior_metrics(plan, rank_rows, [len(p) for p in prompts], agents, positions)
+    for agent in ("solver", "verifier"):
+        mine = [i for i in range(n) if agents[i] == agent]
+        entropy = sum(truth_entropy[i].sum() for i in mine) / sum(len(responses[i]) for i in mine)
+        probs = [math.exp(truth_logp[i][positions[i]]) for i in mine if positions[i] >= 0]
+        assert math.isclose(got[f"agent_entropy/{agent}"], entropy, rel_tol=1e-12)
+        assert math.isclose(got[f"agent_control_prob/{agent}"], sum(probs) / len(probs), rel_tol=1e-12)
+        assert math.isclose(got[f"agent_control_prob_min/{agent}"], min(probs), rel_tol=1e-12)
+    none = seam.behavior_metrics(plan, rank_rows, [len(p) for p in prompts], agents, np.full(n, -1))
+    assert set(none) == {"agent_entropy/solver", "agent_entropy/verifier"}  # no control token: no probability
+
+
 # ================================================================================= seam: placement
 def test_placement_three_models_time_share_four_gpus():
     plan = seam.plan_placement({"verifier": (4, 1), "search": (4, 1), "answer": (4, 1)})
@@ -493,7 +535,14 @@ class _Group:
     def async_run_method_batch(self, method_name, **kwargs):
         self.log.append((f"{self.key}.{method_name}", (), kwargs))
         step = {"grad_norm": 2.0, "loss": 0.1, "clip_frac": 0.0, "lr": 1e-6}
-        return [[[step]] for _ in kwargs["minibatches"]]
+
+        def rows(mb):  # every response token has entropy 0.5 and log-prob -0.25
+            tokens = mb["action_mask"].sum(-1).double()
+            return {"entropy_sum": 0.5 * tokens, "tokens": tokens,
+                    "old_logp": torch.full(mb["action_mask"].shape, -0.25)}
+
+        return [[seam.RankFit([step], [[rows(mb) for mb in mini] for mini in payload])]
+                for payload in kwargs["minibatches"]]
 
 
 def test_backend_pushes_weights_once_per_step_and_time_shares(monkeypatch, tokenizer):
@@ -539,6 +588,7 @@ def test_backend_pushes_weights_once_per_step_and_time_shares(monkeypatch, token
     first = names.index("solver_model.broadcast_to_vllm")
     assert [kw for name, _, kw in log[:first] if name == "engine.wake_up"] == [{"tags": ["weights"]}] * 2
     assert metrics["solver_model"]["agent_grad_norm/solver"] == 2.0 and metrics["solver_model"]["samples"] == 5
+    assert metrics["solver_model"]["agent_entropy/solver"] == metrics["verifier_model"]["agent_entropy/verifier"] == 0.5
     log.clear()
     gens["solver_model"].generate(["x"], SamplingParams(max_new_tokens=2))
     assert [kw for name, _, kw in log if name == "engine.wake_up"] == [{"tags": ["kv_cache"]}] * 2
@@ -567,11 +617,23 @@ def test_actor_fit_sets_the_accumulation_boundary_per_minibatch(monkeypatch):
             calls.append((step, dict(info)))
             return {"metrics": {"policy_loss": torch.tensor(0.25), "ppo_clip_ratio": torch.tensor(0.5)}}
 
+    class PolicyActor:  # OpenRLHF's Actor: log-probs -0.5; logits uniform over 4 tokens (entropy log 4)
+        temperature, model, packing_samples = 1.0, Engine(), False
+
+        def __call__(self, seq, mask, att, return_output, ring_attn_group):
+            assert return_output and not torch.is_grad_enabled()
+            return torch.full(mask.shape, -0.5) * mask, {"logits": torch.zeros(*seq.shape, 4)}
+
+        def eval(self):
+            calls.append("eval")
+
+        def train(self):
+            calls.append("train")
+
     actor = type("Actor", (backend_mod.DrmasActorMixin,), {})()
-    actor.actor = SimpleNamespace(temperature=1.0, model=Engine())
+    actor.actor = PolicyActor()
     actor.trainer = Trainer()
-    actor.strategy = SimpleNamespace(get_grad_norm=lambda model: 4.0)
-    actor.forward = lambda seq, mask, att: torch.zeros(mask.shape)
+    actor.strategy = SimpleNamespace(get_grad_norm=lambda model: 4.0, ring_attn_group=None)
     actor._dp_size = lambda: 2
     actor._all_reduce_sum = lambda values: [2 * v for v in values]  # the other rank holds the same counts
     actor._experience = lambda fields: SimpleNamespace(fields=fields, to_device=lambda d: SimpleNamespace(fields=fields))
@@ -579,14 +641,23 @@ def test_actor_fit_sets_the_accumulation_boundary_per_minibatch(monkeypatch):
 
     rows = [seam.sample_fields([1], [2, 3], 1.0), seam.sample_fields([1, 2], [3], -1.0), seam.sample_fields([4], [5], 0.5)]
     minibatches = [[seam.collate(rows[:2], 0), seam.collate(rows[2:], 0)], [seam.collate(rows[:1], 0)]]
-    out = actor.drmas_fit(minibatches, temperature=0.7)
+    fit = actor.drmas_fit(minibatches, temperature=0.7)
+    out = fit.steps
     assert actor.actor.temperature == 0.7
+    assert calls[:6] == ["eval", "train"] * 3  # one pre-update pass per micro-batch, before any training step
+    calls = calls[6:]
     assert boundaries == [False, True, True]
     assert [c[0] for c in calls] == [0, 1, 0]
     assert calls[0][1] == {"dp_size": 2, "batch_num_tokens": 8.0, "global_batch_size": 6.0}  # (3 + 1) tokens x 2 ranks
     assert calls[2][1]["batch_num_tokens"] == 4.0
     assert len(out) == 2 and out[0]["grad_norm"] == 4.0 and out[0]["lr"] == 1e-6
     assert math.isclose(out[0]["loss"], 2 * 0.5 / 2)  # (0.25 + 0.25) summed over 2 ranks, / dp
+    # the pre-update pass: per row its response tokens' entropy sum and count, and the old log-probs
+    first = fit.rows[0][0]
+    assert first["tokens"].tolist() == [2.0, 1.0]
+    assert torch.allclose(first["entropy_sum"], torch.tensor([2.0, 1.0], dtype=torch.float64) * math.log(4))
+    assert torch.equal(first["old_logp"], minibatches[0][0]["action_log_probs"])
+    assert first["old_logp"].tolist() == [[-0.5, -0.5], [0.0, -0.5]]
 
 
 def test_actor_class_extension_keeps_both_method_sets():

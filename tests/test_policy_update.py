@@ -62,3 +62,30 @@ def test_row_order_does_not_change_the_update(checkpoint):
     b, _ = _updated(checkpoint, shuffled, micro_batch_size=4)
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-7)
+
+
+def test_behaviour_statistics_are_those_of_the_pre_update_policy(checkpoint, monkeypatch):
+    """agent/{k}/entropy and control_prob describe the policy that sampled the rows, whatever the number of
+    optimizer steps: with 3 mini-batches (lr 1e-2, the weights move between them) they equal a direct
+    computation under the weights before the update, and the same with one mini-batch."""
+    from drmas.models.logprobs import batch_logprobs, make_batch
+
+    batch = _batch(2)
+    n = len(batch.response_ids)
+    positions = np.array([(i % 4) - 1 if len(r) > 2 else -1 for i, r in enumerate(batch.response_ids)])
+    monkeypatch.setattr(PolicyWorker, "_control_positions", lambda self, b: positions)
+    spec = WorkerSpec("wg", ModelConfig(preset="nano", path=checkpoint), OptimConfig(lr=1e-2, micro_batch_size=4),
+                      AlgoConfig(), seed=0)
+    reference = PolicyWorker(spec).model
+    with torch.no_grad():  # the slow reference: one row at a time, before any optimizer step
+        rows = [batch_logprobs(reference, make_batch([batch.prompt_ids[i]], [batch.response_ids[i]], 0, "cpu"),
+                               with_entropy=True) for i in range(n)]
+    for mini_batches in (1, 3):
+        _, m = _updated(checkpoint, batch, micro_batch_size=4, mini_batches=mini_batches)
+        for agent in ("solver", "verifier"):
+            mine = [i for i in range(n) if batch.agents[i] == agent]
+            entropy = sum(float(rows[i][1].sum()) for i in mine) / sum(len(batch.response_ids[i]) for i in mine)
+            probs = [float(rows[i][0][0, positions[i]].exp()) for i in mine if positions[i] >= 0]
+            assert m[f"agent_entropy/{agent}"] == pytest.approx(entropy, rel=1e-5), (mini_batches, agent)
+            assert m[f"agent_control_prob/{agent}"] == pytest.approx(np.mean(probs), rel=1e-5), (mini_batches, agent)
+            assert m[f"agent_control_prob_min/{agent}"] == pytest.approx(min(probs), rel=1e-5), (mini_batches, agent)

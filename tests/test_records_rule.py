@@ -178,8 +178,8 @@ def test_a_stability_run_whose_folder_is_gone_is_missing_in_its_summary_its_term
 
 
 def test_a_confirmatory_run_whose_folder_is_gone_counts_as_unfinished(tmp_path):
-    """A confirmatory run that index.json says is done, its folder gone, is a missing run (5 of 6; it used to be
-    counted finished and stop the analysis at its absent manifest)."""
+    """A confirmatory run that index.json says is done, its folder gone, is a missing run (5 of 6; not
+    counted finished, and the analysis does not stop at its absent manifest)."""
     grid = make_confirm_grid(tmp_path / "conf", seeds=[0])
     shutil.rmtree(grid / "conf_drmas_lr0.00057_s0")
     an = confirm.analyze(load_grid(grid), n_boot=50)
@@ -219,8 +219,8 @@ def _cli(module: str, argv: list[str], capsys) -> tuple[int, list[str]]:
 @pytest.mark.parametrize("module, flag", [("stability", "--runs"), ("stability", "--pilot"), ("report", "--runs"),
                                           ("report", "--stability"), ("report", "--confirm"), ("report", "--mechanism")])
 def test_the_clis_refuse_a_folder_that_does_not_exist_in_one_line_and_write_nothing(tmp_path, capsys, module, flag):
-    """A given grid folder that does not exist: exit 2, one line naming it, nothing written (the report and the
-    summary used to be written with those claims "not run")."""
+    """A given grid folder that does not exist: exit 2, one line naming it, nothing written (neither the report nor the
+    summary is written with those claims "not run")."""
     absent = tmp_path / "no" / "such_grid"
     out = tmp_path / "out"
     out.mkdir()
@@ -245,7 +245,7 @@ def test_the_clis_refuse_a_folder_that_does_not_exist_in_one_line_and_write_noth
 def test_without_index_the_grid_is_built_from_the_manifests_or_the_report_says_in_one_line_why_not(tmp_path, capsys):
     """Without index.json: the run folders' manifests give the tags of the index (entry included), and the report is
     built from them; where two runs differ only by a tag of the grid's (an assignment the presets do not show), the
-    report says so in one line naming both runs (it used to stop with a pandas reindex error)."""
+    report says so in one line naming both runs (rather than stopping with a pandas reindex error)."""
     grid = make_grid(tmp_path / "grid", tasks=("math", "search"), seeds=(0,), extras=True)
     shutil.rmtree(grid / "math_partial_s6")
     indexed = load_grid(grid).runs.set_index("run")

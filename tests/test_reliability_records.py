@@ -79,7 +79,7 @@ def _fill(disk: Path, leave: int = 0) -> Path:
 
 def test_an_append_on_a_full_disk_raises_naming_the_path_and_keeps_complete_records(small_disk):
     """The disk fills during a metrics append: one error naming the file and the cause; the file holds the
-    records before it, complete (the append used to write half a line and return as if it had written it)."""
+    records before it, complete (the append must not write half a line and return as if it had written it)."""
     from drmas.io import WriteFailed, append_jsonl
 
     path = small_disk / "metrics.jsonl"
@@ -106,7 +106,7 @@ def test_an_atomic_write_on_a_full_disk_names_the_path_and_keeps_the_old_file(sm
 def test_a_checkpoint_on_a_full_disk_stops_with_one_line_and_keeps_the_previous_one(tmp_path, small_disk, capsys,
                                                                                    monkeypatch):
     """A search run whose run folder is on a tmpfs that fills before the checkpoint of step 2: exit 1 and one
-    line naming the checkpoint folder and the cause (it used to be a raw torch traceback); the checkpoint of
+    line naming the checkpoint folder and the cause (not a raw torch traceback); the checkpoint of
     step 1 verifies, metrics.jsonl holds complete records; freed, the same command resumes and finishes."""
     from drmas.checkpoints import verify_checkpoint
     from drmas.trainer.trainer import Trainer
@@ -137,9 +137,9 @@ def test_a_checkpoint_on_a_full_disk_stops_with_one_line_and_keeps_the_previous_
 # ================================================================================== 3. config identity
 def test_drmas_train_on_a_folder_made_with_another_config_stops_naming_the_keys(tmp_path, capsys):
     """A finished run, then ``drmas train`` with another estimator on its folder: exit 2 and one line naming
-    the key with both values; config.yaml, manifest.json and metrics.jsonl stay as they were (it used to
-    print "run complete" and relabel the records). A partial run (no DONE) with another seed and batch
-    size is refused alike (it used to append steps made under the new settings)."""
+    the key with both values; config.yaml, manifest.json and metrics.jsonl stay as they were (no
+    "run complete" printed, no records relabelled). A partial run (no DONE) with another seed and batch
+    size is refused alike (no steps made under the new settings appended to it)."""
     base = _search(tmp_path, "r", "train.evaluate=false", "train.steps=2")
     assert _main(base, capsys)[0] == 0
     run = tmp_path / "runs" / "r"
@@ -208,8 +208,8 @@ def retrieval_server(tmp_path):
 
 
 def test_a_search_run_whose_server_has_no_listener_stops_before_step_0(tmp_path, capsys):
-    """``env.args.server_url`` with no listener: exit 1 and one line naming the URL, before step 0 (it used to
-    train to DONE on rewards of 0 with warnings only)."""
+    """``env.args.server_url`` with no listener: exit 1 and one line naming the URL, before step 0, not a
+    run trained to DONE on rewards of 0 with warnings only."""
     url = f"http://127.0.0.1:{_free_port()}"
     code, err = _main(_search(tmp_path, "r", f"env.args.server_url={url}"), capsys)
     assert code == 1 and len(err) == 1, err
@@ -298,8 +298,8 @@ def _swap_two_vocab_ids(tokenizer_json: Path) -> None:
 @pytest.mark.parametrize("fault", ["swapped ids", "truncated"])
 def test_drmas_eval_refuses_a_base_whose_tokenizer_was_altered(tmp_path, capsys, fault):
     """``drmas eval`` on models whose base's tokenizer.json had two vocab ids swapped (same size), or was
-    truncated: exit 1 and one line naming the file and the key, before a model is loaded (it used to
-    evaluate with the altered tokenizer without a word, or print a traceback that did not name the file)."""
+    truncated: exit 1 and one line naming the file and the key, before a model is loaded (rather than
+    evaluating with the altered tokenizer without a word, or printing a traceback that does not name the file)."""
     base = tmp_path / "base"
     shutil.copytree(BASE, base)
     tok = base / "tokenizer.json"
@@ -345,7 +345,7 @@ def test_a_damaged_tokenizer_folder_is_refused_before_the_sft_warm_up(tmp_path, 
 
 def test_a_damaged_retriever_index_cache_is_rebuilt_not_used(tmp_path, caplog):
     """The BM25 index cache carries a manifest; a damaged cache file is named in a warning and the index is
-    built again (it used to be loaded as it was), answering as a fresh one."""
+    built again (not loaded as it is), answering as a fresh one."""
     from envs.search.generated import KBConfig, generate_kb
     from envs.search.retriever import build_retriever
 
@@ -377,7 +377,7 @@ def test_a_damaged_retriever_index_cache_is_rebuilt_not_used(tmp_path, caplog):
 def test_a_size_past_its_bound_stops_before_any_work_naming_the_estimate_and_the_limit(tmp_path, capsys, override,
                                                                                       key, what):
     """Sizes no machine here can hold: exit 2 with a line naming the keys, the estimate and the limit, before
-    a run folder exists (``train.eval_samples=1e8`` used to be accepted and OOM-killed at 24 GB)."""
+    a run folder exists (``train.eval_samples=1e8`` must not be accepted and then OOM-killed at 24 GB)."""
     code, err = _main(_search(tmp_path, "r", override), capsys)
     assert code == 2 and err[0] == "drmas: cannot start:" and len(err) == 2, err
     assert err[1].startswith(f"  {key}: ") and what in err[1] and ("the limit is" in err[1] or "(the limit)" in err[1])
@@ -451,7 +451,7 @@ with folder_lock(sys.argv[1], "run folder"):
 
 def test_a_restarted_grid_runner_waits_for_a_run_a_live_process_holds(tmp_path):
     """A run folder held by a live process (a run an earlier runner left going): the new runner neither
-    starts it a second time nor marks it failed (it used to, quoting the second writer's FolderLocked line);
+    starts it a second time nor marks it failed with the second writer's FolderLocked line;
     it waits, and once the holder finished the run, the grid is complete."""
     spec = _grid_spec(tmp_path, "train.steps=1")
     release = tmp_path / "release"
@@ -501,8 +501,8 @@ def _refusal(grid: Path, tmp_path: Path) -> str:
 
 
 def test_the_analysis_refuses_a_finished_run_with_an_emptied_metrics_file(tmp_path):
-    """Emptying the metrics.jsonl of a finished run used to change claims (a)/(b) and eight tables while
-    REPORT.md said "Data problems: None"; the loader and the report now refuse, naming the file."""
+    """The metrics.jsonl of a finished run emptied: the loader and the report refuse, naming the file, rather
+    than changing claims (a)/(b) and eight tables while REPORT.md says "Data problems: None"."""
     from test_analysis import make_grid
 
     grid = make_grid(tmp_path / "grid", tasks=("math",), seeds=(0, 1), extras=False)

@@ -57,8 +57,8 @@ def _search_run(tmp: Path, *extra: str) -> list[str]:
 
 
 def test_a_search_run_whose_server_serves_another_corpus_stops_before_step_0(tmp_path, capsys):
-    """A live server over another knowledge base answers every query; the run used to end DONE with rewards and
-    scores of 0. Now: exit 1, one ``drmas:`` line naming the URL, the server's corpus and hash, the config's
+    """A live server over another knowledge base answers every query; the run must not end DONE with rewards and
+    scores of 0, but exit 1 with one ``drmas:`` line naming the URL, the server's corpus and hash, the config's
     knowledge base and hash, and how to serve it; no records."""
     from drmas.cli import main
 
@@ -198,7 +198,7 @@ def _free_port() -> int:
 
 def test_a_server_restarted_on_another_corpus_is_refused_after_the_reconnect(tmp_path):
     """Mid-run, the server dies (searches fail and are counted, as before) and another one over another corpus
-    comes up on the same port: the next search raises CorpusMismatch naming both corpora (it used to feed the
+    comes up on the same port: the next search raises CorpusMismatch naming both corpora (rather than feeding the
     other corpus's passages to the agents). A restart over the same corpus goes on as before."""
     from envs.search.generated import generate_tasks
 
@@ -259,7 +259,7 @@ def test_a_server_without_the_answer_header_is_asked_again_after_a_reconnect():
 
 def test_a_run_whose_server_is_replaced_by_one_over_another_corpus_stops_at_the_next_step(tmp_path, monkeypatch):
     """A training run: step 0 searches the right corpus; before step 1 its server is replaced, on the same port,
-    by one over another corpus. Step 1 raises CorpusMismatch (it used to train on the other corpus's passages,
+    by one over another corpus. Step 1 raises CorpusMismatch (rather than training on the other corpus's passages,
     rewards 0, to DONE): step 0's record only, no DONE."""
     from drmas.config import load_config
     from drmas.trainer.trainer import Trainer
@@ -327,8 +327,8 @@ def _corpus(tmp: Path) -> Path:
 
 
 def test_the_server_cli_reports_a_missing_corpus_in_one_line_without_a_traceback(tmp_path):
-    """``python -m envs.search.server --corpus missing.jsonl`` used to end in a FileNotFoundError traceback from
-    ``load_corpus``; now one line and exit 2 (a real process: stderr holds nothing else)."""
+    """``python -m envs.search.server --corpus missing.jsonl`` ends in one line and exit 2, not in a
+    FileNotFoundError traceback from ``load_corpus`` (a real process: stderr holds nothing else)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DRMAS_DATA_DIR": str(tmp_path / "cache")}
     done = subprocess.run([sys.executable, "-m", "envs.search.server", "--corpus", str(tmp_path / "missing.jsonl"),
                            "--port", "0"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
@@ -380,8 +380,8 @@ def test_the_server_cli_reports_a_wrong_corpus_file_kind_in_one_line(tmp_path, c
 
 @pytest.mark.parametrize("port", [70000, -1])
 def test_the_server_cli_reports_a_port_out_of_range_before_loading(tmp_path, capsys, port):
-    """``--port 70000`` used to load the corpus, build the index and then die in an OverflowError traceback from
-    ``bind``; now one line and exit 2 before anything is loaded (the corpus named does not even exist)."""
+    """``--port 70000`` is refused in one line and exit 2 before the corpus is loaded or the index built, not
+    with an OverflowError traceback from ``bind`` (the corpus named does not even exist)."""
     code, err = _server_main(["--corpus", str(tmp_path / "never-loaded.jsonl"), "--port", str(port)], capsys)
     assert code == 2 and err == [f"retrieval server: --port {port} is out of range; give a port in 0-65535 (0 picks "
                                  "a free one)"]
@@ -399,7 +399,7 @@ def test_the_server_cli_reports_a_port_that_is_no_number_in_one_line(capsys):
 
 def test_the_server_cli_reports_a_port_in_use_before_building_the_index(tmp_path, capsys, monkeypatch):
     """A port another process listens on: one line naming the address and the fix, exit 1, and no index built
-    (it used to build the index first, then die in an ``Address already in use`` traceback)."""
+    (not an ``Address already in use`` traceback after building the index)."""
     monkeypatch.setenv("DRMAS_DATA_DIR", str(tmp_path / "cache"))
     corpus = _corpus(tmp_path)
     with socket.socket() as taken:

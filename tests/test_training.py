@@ -192,7 +192,7 @@ def test_a_checkpoint_does_not_depend_on_the_config_that_builds_it(tmp_path):
 # ----------------------------------------------------------------------------- degenerate and non-finite training
 def test_weights_made_non_finite_by_an_update_stop_before_the_step_is_recorded(warm):
     """A NaN in Adam's state makes the next update's weights NaN: the step stops with one message naming the
-    model and the step, and the step is not recorded (it used to surface later as a raw sampling error)."""
+    model and the step, and the step is not recorded (not left to surface later as a raw sampling error)."""
     from drmas.trainer.health import NonFiniteWeights
 
     cfg = _config(warm, "nan_adam", "train.steps=3", "train.save_every=0", "train.evaluate=false")

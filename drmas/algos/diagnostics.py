@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
@@ -151,6 +151,11 @@ class AgentGradNorms:
                              "micro-batches contiguously, or start a new AgentGradNorms after zero_grad")
         self.norms[agent] = norm
         return norm
+
+
+def token_pieces(tokenizer: Any) -> np.ndarray:
+    """Every token id of ``tokenizer`` decoded alone: the ``pieces`` of :func:`control_positions`."""
+    return np.array(tokenizer.batch_decode([[i] for i in range(len(tokenizer))]), object)
 
 
 def control_positions(pieces: np.ndarray, responses: list[list[int]], tags: Iterable[str]) -> np.ndarray:

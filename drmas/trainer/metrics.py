@@ -27,7 +27,8 @@ agent/{k}/adv_mean, _std, _m2        moments of agent k's advantages (_m2 = real
 agent/{k}/steps                      |Yk| summed over the batch; /invalid_rate, /truncated_rate, /response_len
 agent/{k}/calls_per_traj             agent k's calls per trajectory (|Yk| / trajectories; 0 in a step it was not called; the paper's collapse: the
                                      Search agent no longer called)
-agent/{k}/entropy                    token-mean entropy of agent k's responses under the policy being updated
+agent/{k}/entropy                    token-mean entropy of agent k's responses under the policy that sampled them
+                                     (before the step's first optimizer step, at the sampling temperature)
 agent/{k}/control_prob, _min         mean (min) probability of the sampled control token of agent k's responses
                                      under the policy that sampled them: the token holding the first non-blank
                                      character after ``Agent.control_tag`` (<verify>: the verdict; <search>: the

@@ -16,6 +16,8 @@ never the gradient of an optimizer step.
 Reduction (:func:`reduce_step_metrics`): the metrics of a step's optimizer steps become one value per
 key: gradient norms take the max (a spike must not be averaged away; NaN when any step's norm is not
 finite), ``skipped`` counts the skipped optimizer steps, ``lr`` is the last, everything else the mean.
+Per-agent behaviour statistics (:func:`agent_behavior_metrics`): each agent's entropy and control-token
+probability under the policy that sampled the rows, from whatever forward passes the backend ran.
 """
 from __future__ import annotations
 
@@ -88,4 +90,24 @@ def reduce_step_metrics(per_step: Sequence[Mapping[str, float]]) -> dict[str, fl
             out[key] = values[-1]
         else:
             out[key] = float(np.mean(values))
+    return out
+
+
+def agent_behavior_metrics(agents: np.ndarray, entropy: Mapping[str, Sequence[float]],
+                           control_logp: np.ndarray) -> dict[str, float]:
+    """Per-agent behaviour statistics of one RL step (keys in drmas/trainer/metrics.py), all under the
+    policy before the step's first optimizer step, the one that sampled the rows (at its temperature):
+
+    - ``agent_entropy/{k}`` = Σ_t H_t / T: token-mean entropy of agent k's response tokens, from
+      ``entropy[k] = (Σ_t H_t, T)`` (agents in the order given; NaN where T = 0);
+    - ``agent_control_prob/{k}`` and ``_min/{k}``: mean and smallest exp(``control_logp[i]``) over agent k's
+      rows i that have a control token (``control_logp`` NaN elsewhere; absent when none has)."""
+    out: dict[str, float] = {}
+    for agent, (total, tokens) in entropy.items():
+        out[f"agent_entropy/{agent}"] = float(total) / float(tokens) if tokens else float("nan")
+    for agent in dict.fromkeys(np.asarray(agents).tolist()):
+        p = np.exp(control_logp[(agents == agent) & np.isfinite(control_logp)])
+        if p.size:
+            out[f"agent_control_prob/{agent}"] = float(p.mean())
+            out[f"agent_control_prob_min/{agent}"] = float(p.min())
     return out

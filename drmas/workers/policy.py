@@ -38,14 +38,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from drmas.algos import AgentGradNorms, PolicyLossConfig, control_positions, first_nonfinite, policy_loss
+from drmas.algos import (AgentGradNorms, PolicyLossConfig, control_positions, first_nonfinite, policy_loss,
+                         token_pieces)
 from drmas.checkpoints import CheckpointDamaged
 from drmas.devices import autocast, resolve_device
 from drmas.models.logprobs import (batch_logprobs, group_prompts, make_batch, make_shared_prefix_batch,
                                    shared_prefix_logprobs, shared_prompt_groups)
 from drmas.rollout.base import Generation, SamplingParams, make_engine
 from drmas.workers.base import UpdateBatch, WorkerSpec
-from drmas.workers.minibatch import MicroBatch, plan_minibatches, reduce_step_metrics
+from drmas.workers.minibatch import MicroBatch, agent_behavior_metrics, plan_minibatches, reduce_step_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -149,10 +150,10 @@ class PolicyWorker:
         if n == 0:
             return metrics
         plan = self.update_plan(batch, o.mini_batches, step_seed)
-        old_logp = self._old_logprobs(batch) if len(plan) > 1 else None
+        behavior = _AgentBehavior(self._control_positions(batch), n)
+        old_logp = self._old_logprobs(batch, behavior) if len(plan) > 1 else None
         agg = self.spec.algo.aggregation
         per_step: list[dict[str, float]] = []
-        behavior = _AgentBehavior(self._control_positions(batch), n)
         for (micro_batches,) in plan:  # one rank
             rows_of_mini = np.concatenate([mb.rows for mb in micro_batches])
             total = sum(len(batch.response_ids[i]) for i in rows_of_mini) if agg == "token_mean" else len(rows_of_mini)
@@ -167,7 +168,8 @@ class PolicyWorker:
                 if self.ref_model is not None:
                     with torch.no_grad():
                         _, ref, _ = self._forward(rows, batch, self.ref_model, with_entropy=False)
-                behavior.add(str(mb.agent), rows, old, mask, entropy)
+                if old_logp is None:  # one optimizer step: these are the pre-update weights
+                    behavior.add(str(mb.agent), rows, old, mask, entropy)
                 adv = torch.as_tensor(batch.advantages[rows], dtype=logp.dtype, device=logp.device)
                 loss, m = policy_loss(logp, old, adv, mask, self.loss_cfg, ref_logprobs=ref, entropy=entropy)
                 share = (float(mask.sum()) if agg == "token_mean" else len(rows)) / max(total, 1)
@@ -202,17 +204,18 @@ class PolicyWorker:
         if batch.control_tags is None:
             return np.full(len(batch.response_ids), -1, np.int64)
         if getattr(self, "_pieces", None) is None:  # every token id decoded alone, once
-            self._pieces = np.array(self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))]), object)
+            self._pieces = token_pieces(self.tokenizer)
         return control_positions(self._pieces, batch.response_ids, batch.control_tags)
 
-    def _old_logprobs(self, batch: UpdateBatch) -> list[torch.Tensor]:
+    def _old_logprobs(self, batch: UpdateBatch, behavior: _AgentBehavior) -> list[torch.Tensor]:
         """Log-probs of every row under the policy before this step's first optimizer step (the update's
-        micro-batches, all in one pass)."""
+        micro-batches, all in one pass); the agents' behaviour statistics are taken in the same pass."""
         out: list[torch.Tensor] = [torch.empty(0)] * len(batch.response_ids)
         with torch.no_grad():
             for (micro_batches,) in self.update_plan(batch, 1, 0):
                 for mb in micro_batches:
-                    mask, logp, _ = self._forward(mb.rows, batch, self.model, with_entropy=False)
+                    mask, logp, entropy = self._forward(mb.rows, batch, self.model, with_entropy=True)
+                    behavior.add(str(mb.agent), mb.rows, logp, mask, entropy)
                     lengths = mask.sum(1).long().tolist()
                     for j, i in enumerate(mb.rows.tolist()):
                         out[i] = logp[j, : lengths[j]]
@@ -239,10 +242,9 @@ class PolicyWorker:
 
 
 class _AgentBehavior:
-    """Per-agent policy statistics of one RL step, gathered during the update's forward passes:
-    ``agent_entropy/{k}`` (token-mean entropy of agent k's responses under the policy being updated) and
-    ``agent_control_prob/{k}`` (mean probability, under the pre-update policy that sampled them, of the
-    sampled control tokens of agent k's rows that have one; ``_min``: the smallest)."""
+    """Per-agent behaviour statistics of one RL step (:func:`~drmas.workers.minibatch.agent_behavior_metrics`),
+    gathered in the forward passes under the pre-update weights: the update's own with one mini-batch, the
+    old-log-prob pass with more."""
 
     def __init__(self, positions: np.ndarray, n: int):
         self.positions = positions
@@ -262,15 +264,7 @@ class _AgentBehavior:
             total[1] += float(mask.sum())
 
     def metrics(self, agents: np.ndarray) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for agent, (ent, tokens) in self.entropy.items():
-            out[f"agent_entropy/{agent}"] = ent / tokens if tokens else float("nan")
-        for agent in dict.fromkeys(agents.tolist()):
-            p = np.exp(self.control_logp[(agents == agent) & np.isfinite(self.control_logp)])
-            if p.size:
-                out[f"agent_control_prob/{agent}"] = float(p.mean())
-                out[f"agent_control_prob_min/{agent}"] = float(p.min())
-        return out
+        return agent_behavior_metrics(agents, self.entropy, self.control_logp)
 
 
 def _pad_stack(rows: list[torch.Tensor], shape: torch.Size) -> torch.Tensor:

@@ -4,8 +4,10 @@ drmas's local worker (plain PyTorch PPO-clip + AdamW) from the same weights.
 (a) One worker group's UpdateBatch through OpenRLHF's own ``PolicyModelActor`` (in this process, one
     DeepSpeed rank; ZeRO-2 and ZeRO-3; both loss aggregations; two agents with their own advantages;
     2 mini-batches x 2 micro-batches) and through ``PolicyWorker.update``: per optimizer step the loss, the
-    pre-clip gradient norm and the parameters after the step agree within :data:`TOL`. Breaking the
-    advantage broadcast, the accumulation boundary or the mini-batch normalizer makes the same comparison fail.
+    pre-clip gradient norm and the parameters after the step agree within :data:`TOL`, and so do the
+    per-agent behaviour statistics (entropy, control-token probability under the pre-update policy). Breaking
+    the advantage broadcast, the accumulation boundary or the mini-batch normalizer makes the same comparison
+    fail.
 (b) The backend's own ``update`` on OpenRLHF ``RayActorGroup``s (logical GPUs) with two worker groups in
     its one placement group, one shared by two agents and one serving one agent, equals the local backend.
 (c) ``get_states`` -> ``set_states`` gives an identical next update; the exported checkpoint loads in
@@ -19,7 +21,6 @@ differences of order 1e-5..1e-4, far below what a wrong loss, advantage or step 
 shown by the mutation test)."""
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -100,10 +101,11 @@ def local_steps(spec: WorkerSpec, batch: UpdateBatch, step_seed: int, monkeypatc
     worker.optimizer.step = recorded_step
     reduce = policy_mod.reduce_step_metrics
     monkeypatch.setattr(policy_mod, "reduce_step_metrics", lambda per_step: steps.extend(per_step) or reduce(per_step))
-    worker.update(batch, step_seed)
+    metrics = worker.update(batch, step_seed)
     monkeypatch.setattr(policy_mod, "reduce_step_metrics", reduce)
     return {"before": before, "after": after, "loss": [d["loss"] for d in steps],
-            "grad_norm": [d["grad_norm"] for d in steps]}
+            "grad_norm": [d["grad_norm"] for d in steps],
+            "behavior": {k: v for k, v in metrics.items() if k.startswith(("agent_entropy/", "agent_control_prob"))}}
 
 
 def openrlhf_rank(spec: WorkerSpec):
@@ -117,9 +119,11 @@ def openrlhf_rank(spec: WorkerSpec):
     return rank
 
 
-def openrlhf_steps(spec: WorkerSpec, batch: UpdateBatch, step_seed: int, pad_id: int) -> dict:
+def openrlhf_steps(spec: WorkerSpec, batch: UpdateBatch, step_seed: int, pad_id: int,
+                   positions: np.ndarray | None = None) -> dict:
     """The same rows through OpenRLHF's actor, converted and fitted exactly as the backend's ``update`` does:
-    per optimizer step (DeepSpeed's accumulation boundary) its loss, pre-clip norm and weights after it."""
+    per optimizer step (DeepSpeed's accumulation boundary) its loss, pre-clip norm and weights after it, and
+    the per-agent behaviour statistics (control tokens at ``positions``)."""
     rank = openrlhf_rank(spec)
     s = seam.group_settings(spec)
     engine = rank.actor.model
@@ -139,8 +143,10 @@ def openrlhf_steps(spec: WorkerSpec, batch: UpdateBatch, step_seed: int, pad_id:
     plan = seam.plan_minibatches(lengths, s.mini_batches, 1, s.micro_batch_size, step_seed)
     payload = seam.rank_payloads(batch.prompt_ids, batch.response_ids, batch.advantages, plan, pad_id, 1)[0]
     fitted = rank.drmas_fit(payload, TEMPERATURE)
-    return {"before": before, "after": after, "loss": [d["loss"] for d in fitted],
-            "grad_norm": [d["grad_norm"] for d in fitted]}
+    positions = np.full(len(batch.agents), -1) if positions is None else positions
+    behavior = seam.behavior_metrics(plan, [fitted.rows], [len(p) for p in batch.prompt_ids], batch.agents, positions)
+    return {"before": before, "after": after, "loss": [d["loss"] for d in fitted.steps],
+            "grad_norm": [d["grad_norm"] for d in fitted.steps], "behavior": behavior}
 
 
 def differences(local: dict, other: dict) -> dict[str, float]:
@@ -169,13 +175,21 @@ def test_openrlhf_actor_update_equals_the_local_worker(checkpoint, tmp_path, mon
     spec = worker_spec("m", checkpoint, tmp_path, zero=zero, aggregation=aggregation, mini_batches=2,
                        micro_batch_size=3)
     batch = update_batch(["solver", "verifier"], rows_per_agent=6, seed=zero)  # 12 rows: 2 x (3 + 3)
+    # control tokens at response positions -1 (none), 0, 1, ... (every response has >= 2 tokens; prompts of 3-6)
+    positions = np.arange(len(batch.agents)) % 3 - 1
+    monkeypatch.setattr(PolicyWorker, "_control_positions", lambda self, b: positions)
     local = local_steps(spec, batch, step_seed=7, monkeypatch=monkeypatch)
     plan = seam.plan_minibatches([len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids)], 2, 1, 3, 7)
     assert [len(mini[0]) for mini in plan] == [2, 2]  # 2 mini-batches x 2 micro-batches on the OpenRLHF side
-    other = openrlhf_steps(spec, batch, step_seed=7, pad_id=0)
+    other = openrlhf_steps(spec, batch, step_seed=7, pad_id=0, positions=positions)
     diff = differences(local, other)
-    print(f"zero={zero} {aggregation}: {diff}")
+    print(f"zero={zero} {aggregation}: {diff}; behaviour local {local['behavior']}, openrlhf {other['behavior']}")
     assert within_tolerance(diff), f"OpenRLHF vs local worker: {diff} (tolerance {TOL})"
+    # the behaviour statistics: under the pre-update weights on both sides (2 optimizer steps here)
+    assert set(local["behavior"]) == set(other["behavior"]) == {
+        f"agent_{stat}/{a}" for a in ("solver", "verifier") for stat in ("entropy", "control_prob", "control_prob_min")}
+    for k, x in local["behavior"].items():
+        assert abs(x - other["behavior"][k]) <= 1e-6 * abs(x), (k, x, other["behavior"][k])
 
 
 @pytest.mark.parametrize("broken", ["advantage_broadcast", "accumulation_boundary", "minibatch_normalizer"])

@@ -16,7 +16,6 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
 from drmas.config import AlgoConfig, ModelConfig, OptimConfig
 from drmas.config.schema import ResourcesConfig, RolloutEngineConfig
@@ -128,7 +127,7 @@ def update(entry, pad_id: int = 0) -> None:
     adv = np.linspace(-1.0, 1.0, n).astype(np.float32)
     plan = seam.plan_minibatches([len(p) + len(r) for p, r in zip(prompts, responses)], 1, 1, 4, seed=0)
     payload = seam.rank_payloads(prompts, responses, adv, plan, pad_id, 1)[0]
-    steps = run(entry["group"], "drmas_fit", minibatches=payload, temperature=1.0)[0]
+    steps = run(entry["group"], "drmas_fit", minibatches=payload, temperature=1.0)[0].steps
     assert len(steps) == 1 and np.isfinite(steps[0]["grad_norm"]) and steps[0]["grad_norm"] > 0
 
 

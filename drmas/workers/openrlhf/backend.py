@@ -23,9 +23,11 @@ backends):
    the engines' KV cache (vLLM sleep mode), then each prompt goes to one engine replica of model m with
    the calling agent's sampling parameters. Responses keep the stop token the model emitted.
 2. ``update(batches)``: engines sleep; then, one worker group after another (time-sharing), its
-   DeepSpeed states come back to the GPU, every rank computes the old log-probs of its rows and runs
-   the step's optimizer steps (:class:`DrmasActorMixin.drmas_fit`), the new weights go to the group's
-   engines **once** (OpenRLHF's CUDA-IPC ``broadcast_to_vllm``), and the states are offloaded again.
+   DeepSpeed states come back to the GPU, every rank computes the old log-probs and entropies of its rows
+   and runs the step's optimizer steps (:class:`DrmasActorMixin.drmas_fit`), the new weights go to the
+   group's engines **once** (OpenRLHF's CUDA-IPC ``broadcast_to_vllm``), and the states are offloaded
+   again. The driver turns the ranks' row statistics into the per-agent behaviour metrics the local worker
+   reports (entropy, control-token probability; :func:`~drmas.workers.openrlhf.seam.behavior_metrics`).
 
 Checkpoints: ``get_states`` writes DeepSpeed checkpoints (model, optimizer, scheduler) of every group to
 ``resources.checkpoint_dir/<model key>`` and returns their location; ``set_states`` loads them and
@@ -43,6 +45,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from drmas.algos import control_positions, token_pieces
 from drmas.rollout.base import Generation, SamplingParams, make_engine
 from drmas.rollout.vllm_engine import VLLMRolloutEngine, generation_config_eos
 from drmas.workers.openrlhf import cpu_compat, seam, sync_check
@@ -80,20 +83,55 @@ class DrmasActorMixin:
 
         return dist.get_world_size(group=self.strategy.ds_device_mesh["dp"].get_group())
 
-    def drmas_fit(self, minibatches: list[list[dict[str, Any]]], temperature: float) -> list[dict[str, float]]:
+    def _pre_update_forward(self, mb: dict[str, Any]) -> dict[str, Any]:
+        """OpenRLHF's ``PolicyModelActor.forward`` (the actor in eval mode, no gradient) keeping the actor's
+        output: micro-batch ``mb``'s old log-probs and behaviour statistics under the policy before the step's
+        first optimizer step (:attr:`~drmas.workers.openrlhf.seam.RankFit.rows`).
+
+        The entropy is the local worker's (:func:`drmas.algos.entropy_from_logits`, −Σ p log p) of the
+        temperature-scaled logits the actor returns, at the W action positions only and 8 rows at a time.
+        OpenRLHF's own (``return_entropy``: logsumexp − Σ p·logits) loses about 2e-5 relative to cancellation
+        in fp32 where the policy is confident (measured at entropy 0.2). The logits are in the padded layout
+        because drmas never packs samples (``ds.packing_samples`` false)."""
+        import torch
+
+        from drmas.algos import entropy_from_logits
+
+        if self.actor.packing_samples:
+            raise RuntimeError("the pre-update pass reads padded logits; drmas runs OpenRLHF with ds.packing_samples "
+                               "false (seam.openrlhf_overrides)")
+        device = _rank_device()
+        mask = mb["action_mask"]
+        width = mask.shape[1]
+        self.actor.eval()
+        with torch.no_grad():
+            logp, output = self.actor(mb["sequences"].to(device), mask.to(device), mb["attention_mask"].to(device),
+                                      return_output=True, ring_attn_group=self.strategy.ring_attn_group)
+            logits = output["logits"][:, -width - 1:-1]  # column i predicts action position i
+            entropy = torch.cat([entropy_from_logits(chunk) for chunk in logits.split(8)]) * mask.to(device)
+        self.actor.train()
+        return {"entropy_sum": entropy.sum(-1).double().cpu(), "tokens": mask.sum(-1).double(),
+                "old_logp": logp.to("cpu")}
+
+    def drmas_fit(self, minibatches: list[list[dict[str, Any]]], temperature: float) -> seam.RankFit:
         """One RL step of this rank: ``minibatches[m][k]`` is micro-batch k of optimizer step m
         (:func:`~drmas.workers.openrlhf.seam.rank_payloads`; every rank has the same counts).
 
-        1. old log-probs of every row under the current policy (before the first optimizer step);
+        1. old log-probs of every row under the current policy (before the first optimizer step), with
+           each row's entropy (:meth:`_pre_update_forward`);
         2. per mini-batch: the loss normalizers (response tokens, samples) summed over ranks; each
            micro-batch goes through OpenRLHF's ``training_step`` with DeepSpeed's accumulation boundary
            set by hand on the last one, so each mini-batch is exactly one optimizer step of a token-mean
            (or sequence-mean) loss, whatever its size. Returns per optimizer step: pre-clip gradient
-           norm, loss, clip fraction, learning rate."""
+           norm, loss, clip fraction, learning rate; and the rows' statistics of step 1."""
         self.actor.temperature = float(temperature)  # the rows were sampled at this temperature
+        rows = []
         for mini in minibatches:
+            rows.append([])
             for mb in mini:
-                mb["action_log_probs"] = self.forward(mb["sequences"], mb["action_mask"], mb["attention_mask"])
+                stats = self._pre_update_forward(mb)
+                mb["action_log_probs"] = stats["old_logp"]
+                rows[-1].append(stats)
         engine = self.actor.model
         dp = self._dp_size()
         out = []
@@ -112,7 +150,7 @@ class DrmasActorMixin:
             out.append({"grad_norm": float(self.strategy.get_grad_norm(self.actor)), "loss": loss_sum / dp,
                         "clip_frac": clip_sum / max(tokens, 1.0),
                         "lr": float(self.trainer.actor_scheduler.get_last_lr()[0])})
-        return out
+        return seam.RankFit(steps=out, rows=rows)
 
     def drmas_broadcast_to_vllm(self, skip: Sequence[str] = ()) -> None:
         """OpenRLHF's ``broadcast_to_vllm``, unchanged; ``skip`` (mutation tests of the sync check only) hides
@@ -365,6 +403,7 @@ class OpenRLHFBackend:
             self.settings = {k: dataclasses.replace(s, enable_sleep=False) for k, s in self.settings.items()}
         self.verify_sync = sync_check.verify_enabled() if verify_sync is None else bool(verify_sync)
         self.sync_reports: dict[str, list[sync_check.SyncReport]] = {}
+        self._pieces: dict[str, np.ndarray] = {}  # per model: its tokens decoded one by one (control positions)
         self._sync_refs: dict[str, sync_check.Reference] = {}
         self.plan = seam.plan_placement({k: (s.num_gpus, s.tensor_parallel_size) for k, s in self.settings.items()})
         if not ray.is_initialized():
@@ -471,19 +510,28 @@ class OpenRLHFBackend:
         payloads = seam.rank_payloads(batch.prompt_ids, batch.response_ids, batch.advantages, plan, self.pad_ids[key],
                                       s.num_gpus)
 
-        def fit() -> list[dict[str, float]]:
+        def fit() -> list[seam.RankFit]:
             refs = self.groups[key].async_run_method_batch(method_name="drmas_fit", minibatches=payloads,
                                                            temperature=[temperature] * s.num_gpus)
             per_rank = ray_get(key, refs)  # execute_batch returns one result list per rank
-            steps = per_rank[0][0]
             self._push_weights(key)
-            return steps
+            return [results[0] for results in per_rank]
 
-        steps = self._with_states(key, fit)
-        metrics = seam.fit_metrics(steps, [str(a) for a in batch.agents], n)
+        fits = self._with_states(key, fit)
+        metrics = seam.fit_metrics(fits[0].steps, [str(a) for a in batch.agents], n)
+        metrics.update(seam.behavior_metrics(plan, [f.rows for f in fits], [len(p) for p in batch.prompt_ids],
+                                             np.asarray(batch.agents), self._control_positions(key, batch)))
         if not math.isfinite(metrics.get("grad_norm", 0.0)):
             logger.warning("model %s: non-finite gradient norm %s (DeepSpeed took the step)", key, metrics["grad_norm"])
         return metrics
+
+    def _control_positions(self, key: str, batch: UpdateBatch) -> np.ndarray:
+        """Each row's control-token index in its response (-1: none; :func:`drmas.algos.control_positions`)."""
+        if batch.control_tags is None:
+            return np.full(len(batch.response_ids), -1, np.int64)
+        if key not in self._pieces:  # every token id decoded alone, once per model
+            self._pieces[key] = token_pieces(self.engines[key].tokenizer)
+        return control_positions(self._pieces[key], batch.response_ids, batch.control_tags)
 
     # ------------------------------------------------------------------------------ checkpoints
     def get_states(self) -> dict[str, dict]:

@@ -26,9 +26,10 @@ CUDA calls (no-ops or the CPU where torch has no CUDA: nothing can run on a GPU,
    and ``:683``), ``utils/deepspeed/deepspeed_utils.py:189`` and ``:211`` (state offload/reload) and
    ``trainer/ray/launcher.py:65``: a no-op; there is no CUDA stream to wait for (the barrier next to it
    still runs).
-5. ``torch.cuda.current_device`` at ``trainer/ray/ppo_actor.py:627`` (``PolicyModelActor.forward``, the
-   old log-probs) and ``utils/deepspeed/deepspeed.py:614,633`` (the strategy's all-reduce/all-gather):
-   answers DeepSpeed's accelerator device, ``"cpu"``, which is what those lines move tensors to.
+5. ``torch.cuda.current_device`` at ``utils/deepspeed/deepspeed.py:614,633`` (the strategy's
+   all-reduce/all-gather) and ``trainer/ray/ppo_actor.py:627`` (``PolicyModelActor.forward``, which drmas's
+   old-log-prob pass replaces with the same actor call plus the entropy): answers DeepSpeed's accelerator
+   device, ``"cpu"``, which is what those lines move tensors to.
 6. ``trainer/ppo_utils/replay_buffer.py:40``: ``NaiveReplayBuffer`` (built by ``ActorPPOTrainer``, never
    used by drmas, which hands each micro-batch to ``training_step`` itself) formats
    ``f"cuda:{current_device()}"``; ``ppo_actor``'s reference to the class is replaced by a subclass whose

@@ -160,6 +160,45 @@ def loss_counts(action_masks: Sequence[torch.Tensor]) -> tuple[float, float]:
     return tokens, samples
 
 
+@dataclass
+class RankFit:
+    """What ``DrmasActorMixin.drmas_fit`` returns from one DeepSpeed rank for one RL step."""
+
+    steps: list[dict[str, float]]
+    """Per optimizer step: pre-clip gradient norm, loss, clip fraction, learning rate (the same on every rank)."""
+    rows: list[list[dict[str, torch.Tensor]]]
+    """``rows[m][k]``: micro-batch k of mini-batch m (this rank's payload) under the pre-update policy:
+    ``entropy_sum`` [B] (Σ of the response tokens' entropies), ``tokens`` [B] (response tokens) and
+    ``old_logp`` [B, T - 1] (the old log-probs, in ``action_mask``'s layout)."""
+
+
+def behavior_metrics(plan: list[list[list[list[int]]]], rank_rows: Sequence[list[list[dict[str, torch.Tensor]]]],
+                     prompt_lengths: Sequence[int], agents: np.ndarray, positions: np.ndarray) -> dict[str, float]:
+    """The local worker's per-agent behaviour statistics (:func:`drmas.workers.minibatch.agent_behavior_metrics`)
+    from the ranks' :attr:`RankFit.rows`: ``rank_rows[r][m][k]`` holds the rows ``plan[m][r][k]``
+    (:data:`PADDING_ROW`: a padding sample, skipped). ``positions[i]`` is row i's control-token index in its
+    response (-1: none); with a prompt of P tokens, response token j is column P - 1 + j of ``old_logp``."""
+    n = len(agents)
+    entropy_sum, tokens, control_logp = np.zeros(n), np.zeros(n), np.full(n, np.nan)
+    lengths = np.asarray(prompt_lengths, np.int64)
+    for m, mini in enumerate(plan):
+        for r, micros in enumerate(mini):
+            for k, micro in enumerate(micros):
+                got = rank_rows[r][m][k]
+                slots = np.asarray(micro, np.int64)
+                real = np.flatnonzero(slots != PADDING_ROW)
+                rows = slots[real]
+                entropy_sum[rows] = got["entropy_sum"].double().numpy()[real]
+                tokens[rows] = got["tokens"].double().numpy()[real]
+                has = positions[rows] >= 0
+                columns = lengths[rows[has]] - 1 + positions[rows[has]]
+                picked = got["old_logp"][torch.as_tensor(real[has]), torch.as_tensor(columns)]
+                control_logp[rows[has]] = picked.double().numpy()
+    entropy = {a: (float(entropy_sum[agents == a].sum()), float(tokens[agents == a].sum()))
+               for a in sorted(set(np.asarray(agents).tolist()))}  # the local plan's agent order
+    return minibatch.agent_behavior_metrics(agents, entropy, control_logp)
+
+
 def fit_metrics(per_step: Sequence[Mapping[str, float]], agents: Sequence[str], n_rows: int) -> dict[str, Any]:
     """drmas's worker-group metrics (``wg/{m}/...`` keys, docs in drmas/trainer/metrics.py) from one
     OpenRLHF update, reduced as the local worker's (:func:`drmas.workers.minibatch.reduce_step_metrics`:
@@ -466,19 +505,21 @@ OPENRLHF_API: dict[str, ApiItem] = {
         attributes=("strategy",)),
     "PolicyModelActor": ApiItem("openrlhf.trainer.ray.ppo_actor", "PolicyModelActor", {
         "init_model_from_pretrained": ("strategy", "pretrain", "max_steps", "vllm_engines"),
-        "forward": ("sequences", "action_mask", "attention_mask"), "broadcast_to_vllm": (),
+        "broadcast_to_vllm": (),
         "reload_states": (), "offload_states": (), "save_checkpoint": ("tag",)},
         attributes=("actor", "trainer", "tokenizer")),
     "ActorPPOTrainer": ApiItem("openrlhf.trainer.ray.ppo_actor", "ActorPPOTrainer", {
         "training_step": ("experience", "kl_ctl", "step", "loss_batch_info"), "broadcast_to_vllm": (),
         "_init_vllm_sync_group": ("backend",)}, attributes=("actor_scheduler", "vllm_engines")),
-    "Actor": ApiItem("openrlhf.models.actor", "Actor", {"forward": ("sequences", "action_mask", "attention_mask")},
-                     attributes=("temperature", "model")),
+    "Actor": ApiItem("openrlhf.models.actor", "Actor", {"forward": ("sequences", "action_mask", "attention_mask",
+                                                                   "return_output", "ring_attn_group")},
+                     attributes=("temperature", "model", "packing_samples")),
     "aggregate_loss": ApiItem("openrlhf.models.loss", "aggregate_loss", {
         "()": ("loss", "loss_mask", "dp_size", "batch_num_tokens", "global_batch_size")}),
     "DeepspeedStrategy": ApiItem("openrlhf.utils.deepspeed.deepspeed", "DeepspeedStrategy", {
         "get_grad_norm": ("model",), "save_model": ("model", "tokenizer", "output_dir"),
-        "load_ckpt": ("model", "load_dir", "tag")}, attributes=("ds_device_mesh",)),
+        "load_ckpt": ("model", "load_dir", "tag"), "ring_attn_group": ()},  # the last: a property
+        attributes=("ds_device_mesh",)),
     "get_strategy": ApiItem("openrlhf.utils.utils", "get_strategy", {"()": ("args",)}),
     "RolloutRayActor": ApiItem("openrlhf.trainer.ray.vllm_engine", "RolloutRayActor", {
         "__init__": ("bundle_indices",), "generate": ("prompt_token_ids", "sampling_params"), "sleep": ("level",),
