@@ -309,7 +309,9 @@ def set_aside_stale(grid: Grid, runs: list[Run], stale: str) -> None:
 
 
 def write_index(grid: Grid, timings: dict[str, float], failed: dict[str, str]) -> Path:
-    """``out_dir/index.json``: every run with its tags, status and wall time (atomic rewrite)."""
+    """``out_dir/index.json``: every run with its tags, status and wall time (atomic rewrite). ``seconds`` is the
+    wall time of the command that finished the run; for a run resumed after a stop, that is its last sitting only
+    (the ``timing/step`` records of its metrics.jsonl cover every sitting)."""
     out = grid.out_dir
     out.mkdir(parents=True, exist_ok=True)
     previous = {}

@@ -589,6 +589,7 @@ def test_backend_pushes_weights_once_per_step_and_time_shares(monkeypatch, token
     assert [kw for name, _, kw in log[:first] if name == "engine.wake_up"] == [{"tags": ["weights"]}] * 2
     assert metrics["solver_model"]["agent_grad_norm/solver"] == 2.0 and metrics["solver_model"]["samples"] == 5
     assert metrics["solver_model"]["agent_entropy/solver"] == metrics["verifier_model"]["agent_entropy/verifier"] == 0.5
+    assert metrics["solver_model"]["weights_finite"] == 1.0  # every rank's parameters finite after the update
     log.clear()
     gens["solver_model"].generate(["x"], SamplingParams(max_new_tokens=2))
     assert [kw for name, _, kw in log if name == "engine.wake_up"] == [{"tags": ["kv_cache"]}] * 2
@@ -606,6 +607,8 @@ def test_actor_fit_sets_the_accumulation_boundary_per_minibatch(monkeypatch):
     calls: list = []
 
     class Engine:
+        module = torch.nn.Linear(2, 2)
+
         def set_gradient_accumulation_boundary(self, b):
             boundaries.append(b)
 
@@ -658,6 +661,13 @@ def test_actor_fit_sets_the_accumulation_boundary_per_minibatch(monkeypatch):
     assert torch.allclose(first["entropy_sum"], torch.tensor([2.0, 1.0], dtype=torch.float64) * math.log(4))
     assert torch.equal(first["old_logp"], minibatches[0][0]["action_log_probs"])
     assert first["old_logp"].tolist() == [[-0.5, -0.5], [0.0, -0.5]]
+    assert fit.weights_finite
+    with torch.no_grad():
+        actor.actor.model.module.bias[1] = math.nan
+    assert not actor._weights_finite()
+    actor.actor.model.module.bias.data.zero_()
+    actor.actor.model.module.weight.ds_tensor = torch.tensor([1.0, math.inf])  # a ZeRO-3 rank holds a partition
+    assert not actor._weights_finite()
 
 
 def test_actor_class_extension_keeps_both_method_sets():

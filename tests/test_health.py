@@ -40,6 +40,8 @@ def test_a_sign_becomes_a_cause_after_its_streak_and_a_break_restarts_the_count(
 
 def test_non_finite_models_and_tensors_are_named():
     assert nonfinite_models({"m": {"update_norm": 0.3}, "n": {"update_norm": math.nan}, "o": {}}) == ["n"]
+    # the openrlhf backend's report (DeepSpeed steps on a non-finite gradient): its ranks' parameters checked
+    assert nonfinite_models({"a": {"weights_finite": 1.0}, "b": {"weights_finite": 0.0, "grad_norm": 1.0}}) == ["b"]
     state = {"model": {"w": torch.zeros(3), "steps": torch.tensor([1, 2])},
              "optimizer": {"state": {0: {"exp_avg": torch.tensor([0.0, math.inf])}}}}
     assert first_nonfinite(state) == "optimizer.state.0.exp_avg"

@@ -37,9 +37,11 @@ class WorkerGroupLost(RuntimeError):
 
 def nonfinite_models(update: dict[str, dict[str, Any]]) -> list[str]:
     """The worker groups whose weights are non-finite after this step's update: their ``update_norm``
-    (``||θ_after − θ_before||``, one reduction over the parameters the optimizer step already touched) is NaN or
-    inf. Backends that do not report ``update_norm`` are not checked here."""
-    return [wg for wg, m in update.items() if "update_norm" in m and not math.isfinite(float(m["update_norm"]))]
+    (``||θ_after − θ_before||``, one reduction over the parameters the optimizer step already touched; local worker)
+    is NaN or inf, or their ``weights_finite`` (every parameter checked on every rank; openrlhf backend) is 0."""
+    return [wg for wg, m in update.items()
+            if ("update_norm" in m and not math.isfinite(float(m["update_norm"])))
+            or ("weights_finite" in m and not float(m["weights_finite"]))]
 
 
 def identical_samples(task: np.ndarray, traj: np.ndarray, classes: np.ndarray) -> bool:

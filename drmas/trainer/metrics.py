@@ -40,6 +40,9 @@ wg/{m}/loss, clip_frac, entropy,     policy loss terms (mean over mini-batches);
   approx_kl_old, lr, skipped         skipped: optimizer steps skipped for a non-finite gradient
 wg/{m}/update_norm                   ||θ_after − θ_before|| of model m's optimizer step (mean over mini-batches; 0 when
                                      skipped): how far the weights moved, after the clip and AdamW's normalisation
+wg/{m}/weights_finite                1 when every parameter of model m is finite after the update, else 0 (openrlhf
+                                     backend, whose DeepSpeed step is taken even on a non-finite gradient; the local
+                                     worker's update_norm tells the same)
 timing/rollout, rewards, advantages,  seconds per phase; timing/step = their sum; timing/generate/{m}: generation
   update, step                       seconds per model
 tokens/{k}                           prompt + response tokens of agent k's calls (cost accounting)

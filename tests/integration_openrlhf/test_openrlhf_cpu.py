@@ -143,6 +143,13 @@ def openrlhf_steps(spec: WorkerSpec, batch: UpdateBatch, step_seed: int, pad_id:
     plan = seam.plan_minibatches(lengths, s.mini_batches, 1, s.micro_batch_size, step_seed)
     payload = seam.rank_payloads(batch.prompt_ids, batch.response_ids, batch.advantages, plan, pad_id, 1)[0]
     fitted = rank.drmas_fit(payload, TEMPERATURE)
+    assert fitted.weights_finite
+    held = next(iter(rank.actor.model.module.parameters()))  # its ZeRO-3 partition or the whole tensor
+    held = getattr(held, "ds_tensor", held)
+    keep = held.data.flatten()[0].item()
+    held.data.view(-1)[0] = float("nan")
+    assert not rank._weights_finite()  # one non-finite entry on this rank is found
+    held.data.view(-1)[0] = keep
     positions = np.full(len(batch.agents), -1) if positions is None else positions
     behavior = seam.behavior_metrics(plan, [fitted.rows], [len(p) for p in batch.prompt_ids], batch.agents, positions)
     return {"before": before, "after": after, "loss": [d["loss"] for d in fitted.steps],

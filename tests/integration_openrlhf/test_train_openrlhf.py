@@ -42,6 +42,9 @@ LOCAL_ONLY = {f"wg/{m}/{name}" for m in MODELS for name in ("entropy", "approx_k
 """Keys only the local worker logs: OpenRLHF's training step reports neither the entropy of its own forward
 passes nor approx_kl_old (its ``ppo_kl`` is another estimator), nor how far its optimizer step moved the
 weights (docs/gpu.md)."""
+OPENRLHF_ONLY = {f"wg/{m}/weights_finite" for m in MODELS}
+"""Keys only the openrlhf backend logs: whether every parameter is finite after the update (DeepSpeed steps on a
+non-finite gradient; the local worker skips such a step and its update_norm tells the same)."""
 BEHAVIOUR = {"agent/solver/entropy", "agent/verifier/entropy", "agent/solver/control_prob",
              "agent/verifier/control_prob", "agent/verifier/control_prob_min"}
 """Per-agent behaviour statistics (pre-update policy), which both backends report: the comparison covers them."""
@@ -108,7 +111,8 @@ def compare(local: list[dict], openrlhf: list[dict]) -> None:
     first_difference, largest = None, (0.0, None)
     for a, b in zip(local, openrlhf):
         shared = {k for k in set(a) & set(b) if not k.startswith("timing/")}
-        assert set(a) - set(b) == LOCAL_ONLY and not set(b) - set(a)
+        assert set(a) - set(b) == LOCAL_ONLY and set(b) - set(a) == OPENRLHF_ONLY
+        assert all(b[k] == 1.0 for k in OPENRLHF_ONLY)
         assert BEHAVIOUR <= shared, BEHAVIOUR - shared
         for k in sorted(shared):
             x, y = float(a[k]), float(b[k])

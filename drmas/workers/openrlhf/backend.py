@@ -150,7 +150,20 @@ class DrmasActorMixin:
             out.append({"grad_norm": float(self.strategy.get_grad_norm(self.actor)), "loss": loss_sum / dp,
                         "clip_frac": clip_sum / max(tokens, 1.0),
                         "lr": float(self.trainer.actor_scheduler.get_last_lr()[0])})
-        return seam.RankFit(steps=out, rows=rows)
+        return seam.RankFit(steps=out, rows=rows, weights_finite=self._weights_finite())
+
+    def _weights_finite(self) -> bool:
+        """Whether every parameter this rank holds is finite (under ZeRO-3 its partition, ``ds_tensor``; one
+        reduction on the device). DeepSpeed takes an optimizer step whatever the gradient, so a non-finite one
+        leaves non-finite weights, which the trainer stops on (``wg/{m}/weights_finite``)."""
+        import torch
+
+        bad = torch.zeros((), dtype=torch.bool, device=_rank_device())
+        for p in self.actor.model.module.parameters():
+            held = getattr(p, "ds_tensor", p)
+            if held.numel():
+                bad |= ~torch.isfinite(held).all()
+        return not bool(bad)
 
     def drmas_broadcast_to_vllm(self, skip: Sequence[str] = ()) -> None:
         """OpenRLHF's ``broadcast_to_vllm``, unchanged; ``skip`` (mutation tests of the sync check only) hides
@@ -519,6 +532,7 @@ class OpenRLHFBackend:
 
         fits = self._with_states(key, fit)
         metrics = seam.fit_metrics(fits[0].steps, [str(a) for a in batch.agents], n)
+        metrics["weights_finite"] = float(all(f.weights_finite for f in fits))
         metrics.update(seam.behavior_metrics(plan, [f.rows for f in fits], [len(p) for p in batch.prompt_ids],
                                              np.asarray(batch.agents), self._control_positions(key, batch)))
         if not math.isfinite(metrics.get("grad_norm", 0.0)):

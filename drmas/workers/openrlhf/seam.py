@@ -170,6 +170,8 @@ class RankFit:
     """``rows[m][k]``: micro-batch k of mini-batch m (this rank's payload) under the pre-update policy:
     ``entropy_sum`` [B] (Σ of the response tokens' entropies), ``tokens`` [B] (response tokens) and
     ``old_logp`` [B, T - 1] (the old log-probs, in ``action_mask``'s layout)."""
+    weights_finite: bool = True
+    """Whether every parameter this rank holds (its ZeRO-3 partition, or the whole model) is finite after the step."""
 
 
 def behavior_metrics(plan: list[list[list[list[int]]]], rank_rows: Sequence[list[list[dict[str, torch.Tensor]]]],
