@@ -283,7 +283,12 @@ def test_backend_update_on_ray_equals_the_local_backend(backend_run):
                 ref["grad_norm"], "update_rel_l2": float((du - do).norm() / du.norm())}
         print(f"{key} through Ray: {diff}")
         assert within_tolerance(diff), f"{key}: openrlhf backend vs local backend {diff} (tolerance {TOL})"
-        assert m["samples"] == ref["samples"] == 12 and m["lr"] == ref["lr"] == LR
+        assert m["samples"] == ref["samples"] == 12 and m["lr"] == ref["lr"] == LR and m["weights_finite"] == 1.0
+        # each agent's entropy under the pre-update policy, also where two agents share a model (and micro-batches)
+        entropies = {k for k in ref if k.startswith("agent_entropy/")}
+        assert entropies == {f"agent_entropy/{a}" for a in GROUPS[key][0]} and entropies <= set(m), (entropies, m)
+        for k in entropies:
+            assert abs(m[k] - ref[k]) <= 1e-6 * abs(ref[k]), (key, k, m[k], ref[k])
     solo_agent = GROUPS["solo_model"][0][0]
     assert backend_run["metrics"]["solo_model"][f"agent_grad_norm/{solo_agent}"] == \
         backend_run["metrics"]["solo_model"]["grad_norm"]
