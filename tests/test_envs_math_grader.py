@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -259,3 +262,33 @@ def test_a_batch_is_spread_over_every_worker(n_jobs, workers):
     assert len(bounds) == min(workers, n_jobs)
     assert max(b - a for a, b in bounds) == math.ceil(n_jobs / min(workers, n_jobs))
 
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie waiting to be reaped does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signals are Linux's (prctl)")
+def test_the_verify_worker_dies_with_its_parent():
+    """A grader process SIGKILLed (no cleanup runs) in the middle of a comparison that takes minutes leaves no
+    math-verify worker behind: busy in C code, the worker reads no end of input, but it asked the kernel for
+    SIGKILL on its parent's death (drmas.shutdown.die_with_parent)."""
+    code = ("import time; from envs.math.grader import _VerifyWorker; "
+            f"w = _VerifyWorker(1500, 300); w.send_jobs([({PATHOLOGICAL!r}, '5')]); time.sleep(1); "
+            "print(w.pid, flush=True); time.sleep(600)")
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(parent.stdout.readline())
+        assert _alive(worker)
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(worker), f"math-verify worker {worker} outlived its parent"
