@@ -481,6 +481,15 @@ def _shown(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.map(lambda v: "not reached" if isinstance(v, float) and v == math.inf else v)
 
 
+def step_seconds(an: Confirmation) -> pd.Series:
+    """Seconds of RL steps per finished run (the sum of its ``timing/step`` records, every sitting of a resumed
+    run included), indexed by run; empty where the records carry no step time."""
+    steps = an.data.steps
+    if "timing/step" not in steps.columns or not len(an.events):
+        return pd.Series(dtype=float)
+    return steps[steps["run"].isin(an.events["run"])].groupby("run")["timing/step"].sum()
+
+
 def _label(key: str) -> str:
     """A claim as REPORT.md names it, with its key where the two differ (``C-acc (accuracy-confirm)``)."""
     label = LABELS.get(key, (key, ""))[0]
@@ -520,6 +529,10 @@ def summary_markdown(an: Confirmation, runs_dir: Path) -> str:
                       f"[{_fmt(off.get('hr_low', math.nan))}, {_fmt(off.get('hr_high', math.nan))}]", ""]
         if "interaction" in an.c5:
             lines += [f"Estimator x clip interaction (Cox): {an.c5['interaction']}", ""]
+    if len(cost := step_seconds(an)):
+        lines += ["## Cost", "", f"Step time of the {len(cost)} finished runs (Σ `timing/step` of each run over all its "
+                  f"sittings; evaluations and start-up not counted): {cost.sum() / 3600:.1f} h in all, median "
+                  f"{cost.median():,.0f} s per run ({cost.min():,.0f}-{cost.max():,.0f} s).", ""]
     lines += ["## Runs", "", markdown(an.events.drop(columns=["agents", "git_commit"]), index=False), ""]
     if problems := problem_lines(an.data):
         lines += ["## Data problems", "", *(f"- {item}" for item in problems), ""]

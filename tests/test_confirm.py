@@ -35,7 +35,7 @@ def write_run(root: Path, est: str, lr: float, seed: int, collapse_at: int | Non
     lines = []
     for step in range(STEPS):
         late = collapse_at is not None and step >= collapse_at
-        m = {"step": step, "train/nonfinite": 0,
+        m = {"step": step, "train/nonfinite": 0, "timing/step": 2.0 + 0.5 * (step % 2),
              "reward/mean": 0.02 if late and abandon is None else 0.3 + 0.02 * rng.random()}
         for a in AGENTS:
             m[f"agent/{a}/calls_per_traj"] = 0.0 if late and a == abandon else 1.0 + 0.1 * rng.random()
@@ -149,6 +149,18 @@ def test_the_mirror_grid_is_refuted_and_an_unfinished_run_marks_incomplete(tmp_p
     assert an.verdicts["C1"] == "refuted" and an.c1["hr"] < 1
     an = confirm.analyze(load_grid(make_grid(tmp_path / "h", unfinished=2)), n_boot=200)
     assert not an.complete and an.verdicts["C1"].startswith("incomplete (34 of 36 runs)")
+
+
+def test_the_summary_gives_the_step_time_of_the_finished_runs(tmp_path):
+    """The cost section sums each finished run's timing/step records (2 s and 2.5 s on alternate steps here) and
+    leaves the unfinished runs out."""
+    an = confirm.analyze(load_grid(make_grid(tmp_path / "g", unfinished=2)), n_boot=50)
+    cost = confirm.step_seconds(an)
+    assert len(cost) == an.finished == an.total - 2
+    assert cost.tolist() == [2.25 * STEPS] * len(cost)
+    text = confirm.summary_markdown(an, tmp_path / "g")
+    assert (f"Step time of the {len(cost)} finished runs" in text
+            and f"{2.25 * STEPS * len(cost) / 3600:.1f} h in all, median {2.25 * STEPS:,.0f} s per run" in text)
 
 
 def test_frontier_recovers_a_known_logistic_and_names_separation():
