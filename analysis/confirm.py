@@ -39,6 +39,7 @@ from analysis.stability import (DRMAS, EARLY, GRPO, PERSIST, ROLL, SEARCH_DROP, 
                                 _steps_of, accuracy_over_time, nonfinite_and_reward)
 from analysis.stats import N_BOOT
 from analysis.tables import markdown
+from drmas.io import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -289,8 +290,10 @@ def _logistic(x: np.ndarray, y: np.ndarray) -> tuple[float, float] | None:
 def frontier(events: pd.DataFrame, rng: np.random.Generator, n_boot: int = N_FRONTIER_BOOT) -> pd.DataFrame:
     """C4: per estimator LR50 = 2^(-b0/b1) of the logistic fit of collapse on log2(lr), with a parametric bootstrap
     95 % CI (draws that separate sit at the grid's edge they point to); where the estimator's own data separate,
-    "below" / "above" the grid or "between" its highest stable and lowest collapsed level (the bootstrap then draws
-    log2 LR50 uniformly in that interval: the data say no more); and the ratio Dr. MAS / GRPO with its bootstrap CI."""
+    "below" / "above" the grid (an interval open on that side: (0, lowest level] or [highest level, inf)) or "between"
+    its highest stable and lowest collapsed level (the bootstrap then draws log2 LR50 uniformly in that interval: the
+    data say no more); and the ratio Dr. MAS / GRPO with its bootstrap CI, open on the side an estimator outside the
+    grid leaves unbounded."""
     lo_edge, hi_edge = math.log2(events["lr"].min()), math.log2(events["lr"].max())
     draws, rows = {}, []
     for est in (GRPO, DRMAS):
@@ -305,7 +308,10 @@ def frontier(events: pd.DataFrame, rng: np.random.Generator, n_boot: int = N_FRO
             high = fell.min() if len(fell) else hi_edge
             note = ("below the grid" if not len(held) else "above the grid" if not len(fell) else
                     f"between {2 ** low:.2g} and {2 ** high:.2g} (separated)")
-            rows.append({"estimator": est, "lr50": math.nan, "low": 2 ** low, "high": 2 ** high, "note": note})
+            # Outside the grid the interval is open on that side: below it LR50 lies in (0, lowest level], above it in
+            # [highest level, inf).
+            rows.append({"estimator": est, "lr50": math.nan, "low": 0.0 if not len(held) else 2 ** low,
+                         "high": math.inf if not len(fell) else 2 ** high, "note": note})
             draws[est] = rng.uniform(low, high, n_boot) if high > low else np.full(n_boot, low)
             continue
         b0, b1 = fit
@@ -326,8 +332,15 @@ def frontier(events: pd.DataFrame, rng: np.random.Generator, n_boot: int = N_FRO
     if set(draws) == {GRPO, DRMAS}:
         ratio = 2 ** (draws[DRMAS] - draws[GRPO])
         point = out.set_index("estimator")["lr50"]
-        out.attrs["ratio"] = (float(point[DRMAS] / point[GRPO]) if point.notna().all() else math.nan,
-                              float(np.percentile(ratio, 2.5)), float(np.percentile(ratio, 97.5)))
+        low, high = float(np.percentile(ratio, 2.5)), float(np.percentile(ratio, 97.5))
+        # An estimator outside the grid was drawn at the grid's edge, which only bounds its LR50; the ratio's interval
+        # is then open on the side that bound cannot reach (both below the grid: (0, inf), not identified).
+        notes = out.set_index("estimator")["note"]
+        if notes[GRPO] == "below the grid" or notes[DRMAS] == "above the grid":
+            high = math.inf
+        if notes[GRPO] == "above the grid" or notes[DRMAS] == "below the grid":
+            low = 0.0
+        out.attrs["ratio"] = (float(point[DRMAS] / point[GRPO]) if point.notna().all() else math.nan, low, high)
     return out
 
 
@@ -467,6 +480,11 @@ def verdicts(an: Confirmation) -> dict[str, str]:
     return out
 
 
+def _interval(low: float, high: float) -> str:
+    """An interval for the summary; an open end (0 below, inf above) is written as such."""
+    return f"[{'0' if low == 0 else _fmt(low)}, {'∞' if high == math.inf else _fmt(high)}]"
+
+
 def _fmt(x: float, digits: int = 2) -> str:
     """A number for the summary: "not reached" for inf, "—" for none, 3 significant digits outside 0.01-10^4."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
@@ -518,7 +536,9 @@ def summary_markdown(an: Confirmation, runs_dir: Path) -> str:
             lines += [f"## {title}", "", markdown(frame, index=False), ""]
     if len(an.c4) and an.c4.attrs.get("ratio"):
         r = an.c4.attrs["ratio"]
-        lines += [f"LR50 ratio Dr. MAS / GRPO: {_fmt(r[0])} [{_fmt(r[1])}, {_fmt(r[2])}].", ""]
+        lines += [f"LR50 ratio Dr. MAS / GRPO: {_fmt(r[0])} {_interval(r[1], r[2])}"
+                  + (" (not identified: both frontiers lie outside the grid on the same side)"
+                     if r[1] == 0 and r[2] == math.inf else "") + ".", ""]
     if an.c5:
         lines += ["## C5 the clip dial", ""]
         if len(an.c5.get("updates", [])):
@@ -528,7 +548,9 @@ def summary_markdown(an: Confirmation, runs_dir: Path) -> str:
             lines += [f"Clip off: log-rank one-sided p = {_fmt(off.get('p', math.nan), 3)}, HR {_fmt(off.get('hr', math.nan))} "
                       f"[{_fmt(off.get('hr_low', math.nan))}, {_fmt(off.get('hr_high', math.nan))}]", ""]
         if "interaction" in an.c5:
-            lines += [f"Estimator x clip interaction (Cox): {an.c5['interaction']}", ""]
+            inter = an.c5["interaction"]
+            lines += ["Estimator x clip interaction (Cox): " + (inter["note"] if "note" in inter else
+                      f"HR {_fmt(inter['hr'])} [{_fmt(inter['low'])}, {_fmt(inter['high'])}], p = {_fmt(inter['p'], 3)}"), ""]
     if len(cost := step_seconds(an)):
         lines += ["## Cost", "", f"Step time of the {len(cost)} finished runs (Σ `timing/step` of each run over all its "
                   f"sittings; evaluations and start-up not counted): {cost.sum() / 3600:.1f} h in all, median "
@@ -554,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("drmas: %s; nothing was written", exc)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "summary.md").write_text(summary_markdown(an, args.runs))
+    atomic_write_text(args.out / "summary.md", summary_markdown(an, args.runs))
     an.events.to_csv(args.out / "events.csv", index=False)
     for claim, verdict in an.verdicts.items():
         logger.info("%s: %s", claim, verdict)
@@ -626,7 +648,7 @@ def _ours(an: Confirmation, key: str) -> tuple[str, str]:
                          + (f"{_fmt(r.lr50)} [{_fmt(r.low)}, {_fmt(r.high)}]" if not r.note else r.note)
                          for r in an.c4.itertuples())
         ratio = an.c4.attrs.get("ratio", (math.nan,) * 3)
-        head = f"ratio {_fmt(ratio[0])} [{_fmt(ratio[1])}, {_fmt(ratio[2])}]"
+        head = f"ratio {_fmt(ratio[0])} {_interval(ratio[1], ratio[2])}"
         return f"LR50: {rows}; Dr. MAS / GRPO {head}", head
     if key == "C5":
         up = an.c5.get("updates", pd.DataFrame())

@@ -122,6 +122,7 @@ if asked stability; then
   stage "stability, confirmatory round: experiments/grids/stability_confirm.yaml (fresh seeds, rules in docs/stability.md; resumable)"
   "$PY" -m experiments.grid run experiments/grids/stability_confirm.yaml --jobs "$JOBS" --device "$DEVICE" --stale "$STALE" \
     ${RUNS:+--only "$RUNS"}
+  "$PY" -m analysis.confirm --runs results/runs/stability_confirm --out results/stability_confirm
   stage "stability, math: its GRPO pilot, then experiments/grids/stability_math.yaml (resumable), then its verdicts"
   "$PY" -m experiments.grid run experiments/grids/stability_math_pilot.yaml --jobs "$JOBS" --device "$DEVICE" --stale "$STALE"
   "$PY" -m experiments.grid run experiments/grids/stability_math.yaml --jobs "$JOBS" --device "$DEVICE" --stale "$STALE" \

@@ -178,6 +178,26 @@ def test_frontier_recovers_a_known_logistic_and_names_separation():
     out = confirm.frontier(sep, rng, n_boot=50).set_index("estimator")
     assert out.loc["trajectory_grpo", "note"].startswith("between 0.00028 and 0.0004")
     assert out.loc["drmas", "note"] == "above the grid"
+    assert out.loc["drmas", "low"] == pytest.approx(5.7e-4) and out.loc["drmas", "high"] == math.inf
+
+
+def test_frontier_outside_the_grid_leaves_the_ratio_open_on_that_side():
+    """An estimator that collapses at every level has LR50 somewhere in (0, lowest level]: the edge it is drawn at is a
+    bound, not a value. Both below the grid: the ratio is not identified ((0, inf), inconclusive), never [1, 1].
+    GRPO below and Dr. MAS above: the ratio is at least highest / lowest level, with no upper bound."""
+    rng = np.random.default_rng(0)
+    lrs = np.repeat([2.8e-4, 4e-4, 5.7e-4], 6)
+    both_below = pd.DataFrame([{"estimator": est, "lr": lr, "event": 1} for est in ("trajectory_grpo", "drmas")
+                               for lr in lrs])
+    out = confirm.frontier(both_below, rng, n_boot=50)
+    assert out.set_index("estimator").loc["drmas", "low"] == 0.0
+    point, low, high = out.attrs["ratio"]
+    assert math.isnan(point) and low == 0.0 and high == math.inf
+    apart = pd.DataFrame([{"estimator": "trajectory_grpo", "lr": lr, "event": 1} for lr in lrs] +
+                         [{"estimator": "drmas", "lr": lr, "event": 0} for lr in lrs])
+    _, low, high = confirm.frontier(apart, rng, n_boot=50).attrs["ratio"]
+    assert low == pytest.approx(5.7e-4 / 2.8e-4) and high == math.inf
+    assert confirm._interval(low, high) == "[2.04, ∞]"
 
 
 def test_clip_dial_reads_the_runs_own_config(tmp_path):

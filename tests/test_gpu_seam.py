@@ -557,6 +557,7 @@ def test_backend_pushes_weights_once_per_step_and_time_shares(monkeypatch, token
     b.engines = {k: VLLMRolloutEngine(c, tokenizer) for k, c in b.clients.items()}
     b.groups = {k: _Group(log, k) for k in b.settings}
     b.pad_ids = {k: 0 for k in b.settings}
+    b._control_tokens = {}
 
     gens = b.generators()
     for _ in range(3):  # several agent calls per step, on both models

@@ -12,7 +12,7 @@ import pytest
 
 from analysis import stability as S
 from analysis.runs import load_grid
-from drmas.algos import control_positions
+from drmas.algos import ControlTokens, control_positions
 from drmas.orchestra.systems import MathLoop, SearchHierarchy
 from drmas.step_table import StepTable
 from notebooks import execute_notebook
@@ -198,6 +198,23 @@ def test_control_positions():
     # " <search> q": tag ends in token 2 ('>'), the query's first non-blank char 'q' is token 4
     out = control_positions(pieces, [[0, 1, 2, 3], [4, 5, 6, 4, 7], [0, 1, 2], [4, 7]], ["<verify>", "<search>", "", "<search>"])
     assert out.tolist() == [2, 4, -1, -1]
+
+
+def test_control_tokens_decode_each_tokenizer_once():
+    class Tok:  # counts the decoding of its vocabulary (8 pieces above)
+        calls = 0
+
+        def __len__(self):
+            return 8
+
+        def batch_decode(self, ids):
+            Tok.calls += 1
+            return ["<", "verify", ">yes", "</", " ", "<search", ">", "q"]
+
+    find = ControlTokens(Tok())
+    assert find([[0, 1, 2]], None).tolist() == [-1] and Tok.calls == 0  # an untagged batch decodes nothing
+    assert find([[0, 1, 2, 3]], ["<verify>"]).tolist() == [2]
+    assert find([[4, 5, 6, 4, 7]], ["<search>"]).tolist() == [4] and Tok.calls == 1
 
 
 def _table(rows):

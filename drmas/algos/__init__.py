@@ -15,8 +15,8 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "drmas.algos.catalog": ("ESTIMATOR_TERMS", "ESTIMATORS", "GLOBAL_BASELINES", "EstimatorTerms", "Conventions",
                             "register_estimator"),
     "drmas.algos.advantages": ("AdvantageResult", "compute_advantages", "segment_stats"),
-    "drmas.algos.diagnostics": ("AgentGradNorms", "SpikeDetector", "SpikeRule", "class_factors", "control_positions",
-                                "class_sums", "first_nonfinite", "grad_norm", "lemma_factors", "spike_ratios",
+    "drmas.algos.diagnostics": ("AgentGradNorms", "ControlTokens", "SpikeDetector", "SpikeRule", "class_factors",
+                                "control_positions", "class_sums", "first_nonfinite", "grad_norm", "lemma_factors", "spike_ratios",
                                 "step_classes", "token_pieces"),
     "drmas.algos.loss": ("PolicyLossConfig", "aggregate_loss", "entropy_from_logits", "kl_k3", "policy_loss"),
 }

@@ -181,6 +181,23 @@ def control_positions(pieces: np.ndarray, responses: list[list[int]], tags: Iter
     return out
 
 
+class ControlTokens:
+    """:func:`control_positions` for one tokenizer; its :func:`token_pieces` are decoded once, on first use (both
+    backends' policy updates read the control tokens through this)."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self._pieces: np.ndarray | None = None
+
+    def __call__(self, responses: list[list[int]], tags: Iterable[str] | None) -> np.ndarray:
+        """Each response's control-token index (-1: none; every row -1 where the batch has no tags)."""
+        if tags is None:
+            return np.full(len(responses), -1, np.int64)
+        if self._pieces is None:
+            self._pieces = token_pieces(self.tokenizer)
+        return control_positions(self._pieces, responses, tags)
+
+
 @dataclass(frozen=True)
 class SpikeRule:
     window: int = 20  # W: how many previous steps the rolling median covers

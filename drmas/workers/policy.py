@@ -38,8 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from drmas.algos import (AgentGradNorms, PolicyLossConfig, control_positions, first_nonfinite, policy_loss,
-                         token_pieces)
+from drmas.algos import AgentGradNorms, ControlTokens, PolicyLossConfig, first_nonfinite, policy_loss
 from drmas.checkpoints import CheckpointDamaged
 from drmas.devices import autocast, resolve_device
 from drmas.models.logprobs import (batch_logprobs, group_prompts, make_batch, make_shared_prefix_batch,
@@ -75,6 +74,7 @@ class PolicyWorker:
                              "SFT warm-up first (`drmas sft`, or `drmas train` does it for a missing path)")
         self.device = resolve_device(spec.device)
         self.model, self.tokenizer = load_policy(spec.model.path, device=self.device)
+        self.control_tokens = ControlTokens(self.tokenizer)
         bad = first_nonfinite(self.model.state_dict())
         if bad is not None:  # a NaN would surface later as a raw sampling error naming no file
             raise CheckpointDamaged(f"{spec.model.path}: parameter {bad} of model {spec.key!r} holds non-finite values "
@@ -201,11 +201,7 @@ class PolicyWorker:
 
     def _control_positions(self, batch: UpdateBatch) -> np.ndarray:
         """Each row's control-token index in its response (-1: none; :func:`drmas.algos.control_positions`)."""
-        if batch.control_tags is None:
-            return np.full(len(batch.response_ids), -1, np.int64)
-        if getattr(self, "_pieces", None) is None:  # every token id decoded alone, once
-            self._pieces = token_pieces(self.tokenizer)
-        return control_positions(self._pieces, batch.response_ids, batch.control_tags)
+        return self.control_tokens(batch.response_ids, batch.control_tags)
 
     def _old_logprobs(self, batch: UpdateBatch, behavior: _AgentBehavior) -> list[torch.Tensor]:
         """Log-probs of every row under the policy before this step's first optimizer step (the update's

@@ -45,7 +45,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from drmas.algos import control_positions, token_pieces
+from drmas.algos import ControlTokens
 from drmas.rollout.base import Generation, SamplingParams, make_engine
 from drmas.rollout.vllm_engine import VLLMRolloutEngine, generation_config_eos
 from drmas.workers.openrlhf import cpu_compat, seam, sync_check
@@ -416,7 +416,7 @@ class OpenRLHFBackend:
             self.settings = {k: dataclasses.replace(s, enable_sleep=False) for k, s in self.settings.items()}
         self.verify_sync = sync_check.verify_enabled() if verify_sync is None else bool(verify_sync)
         self.sync_reports: dict[str, list[sync_check.SyncReport]] = {}
-        self._pieces: dict[str, np.ndarray] = {}  # per model: its tokens decoded one by one (control positions)
+        self._control_tokens: dict[str, ControlTokens] = {}  # per model, on first use
         self._sync_refs: dict[str, sync_check.Reference] = {}
         self.plan = seam.plan_placement({k: (s.num_gpus, s.tensor_parallel_size) for k, s in self.settings.items()})
         if not ray.is_initialized():
@@ -541,11 +541,9 @@ class OpenRLHFBackend:
 
     def _control_positions(self, key: str, batch: UpdateBatch) -> np.ndarray:
         """Each row's control-token index in its response (-1: none; :func:`drmas.algos.control_positions`)."""
-        if batch.control_tags is None:
-            return np.full(len(batch.response_ids), -1, np.int64)
-        if key not in self._pieces:  # every token id decoded alone, once per model
-            self._pieces[key] = token_pieces(self.engines[key].tokenizer)
-        return control_positions(self._pieces[key], batch.response_ids, batch.control_tags)
+        if key not in self._control_tokens:
+            self._control_tokens[key] = ControlTokens(self.engines[key].tokenizer)
+        return self._control_tokens[key](batch.response_ids, batch.control_tags)
 
     # ------------------------------------------------------------------------------ checkpoints
     def get_states(self) -> dict[str, dict]:
