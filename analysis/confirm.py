@@ -264,17 +264,22 @@ def elevation(data: GridData, events: pd.DataFrame, rng: np.random.Generator, n_
 
 
 # ------------------------------------------------------------------------------------------ C4
+def _separates(x: np.ndarray, y: np.ndarray) -> bool:
+    """Whether a logistic fit of y on x has no finite maximum: all-or-none, or every collapse at or above every
+    non-collapse. The quasi-complete case (collapses and non-collapses meet at one level, e.g. 5 of 6 at the lowest
+    level and all above it) separates too: its likelihood rises without bound as the slope grows, so a fitted
+    LR50 there is wherever the optimiser stopped."""
+    return y.min() == y.max() or x[y == 0].max() <= x[y == 1].min()
+
+
 def _logistic(x: np.ndarray, y: np.ndarray) -> tuple[float, float] | None:
-    """(b0, b1) of a binomial GLM of y on x, or None where the fit separates (all-or-none, or perfectly split)."""
+    """(b0, b1) of a binomial GLM of y on x, or None where the fit separates (:func:`_separates`) or its slope is not
+    positive."""
     import statsmodels.api as sm
     from statsmodels.tools.sm_exceptions import PerfectSeparationWarning
 
-    if y.min() == y.max():
+    if _separates(x, y):
         return None
-    order = np.argsort(x)
-    xs, ys = x[order], y[order]
-    if np.all(np.diff(ys) >= 0) and not np.any((np.diff(xs) == 0) & (np.diff(ys) != 0)):
-        return None  # every collapse above every non-collapse: separated
     import warnings
 
     with warnings.catch_warnings():
@@ -287,13 +292,26 @@ def _logistic(x: np.ndarray, y: np.ndarray) -> tuple[float, float] | None:
     return (b0, b1) if b1 > 0 else None
 
 
+def _bracket(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """log2 bounds of LR50 where the fit separates: the highest level at which fewer than half of the runs collapsed
+    and the lowest at which more than half did (-inf / inf where no level is on that side; a level at which exactly
+    half collapsed is LR50 itself)."""
+    levels = np.unique(x)
+    frac = np.array([y[x == v].mean() for v in levels])
+    if (frac == 0.5).any():
+        v = float(levels[frac == 0.5][0])
+        return v, v
+    below, above = levels[frac < 0.5], levels[frac > 0.5]
+    return (float(below.max()) if len(below) else -math.inf, float(above.min()) if len(above) else math.inf)
+
+
 def frontier(events: pd.DataFrame, rng: np.random.Generator, n_boot: int = N_FRONTIER_BOOT) -> pd.DataFrame:
     """C4: per estimator LR50 = 2^(-b0/b1) of the logistic fit of collapse on log2(lr), with a parametric bootstrap
-    95 % CI (draws that separate sit at the grid's edge they point to); where the estimator's own data separate,
-    "below" / "above" the grid (an interval open on that side: (0, lowest level] or [highest level, inf)) or "between"
-    its highest stable and lowest collapsed level (the bootstrap then draws log2 LR50 uniformly in that interval: the
-    data say no more); and the ratio Dr. MAS / GRPO with its bootstrap CI, open on the side an estimator outside the
-    grid leaves unbounded."""
+    95 % CI (draws that separate sit at the grid's edge they point to); where the estimator's own data separate
+    (completely or quasi-completely, :func:`_separates`), the bracket of :func:`_bracket`: "below" / "above" the grid
+    (an interval open on that side: (0, lowest level] or [highest level, inf)) or "between" two levels (the bootstrap
+    then draws log2 LR50 uniformly in that interval: the data say no more); and the ratio Dr. MAS / GRPO with its
+    bootstrap CI, open on the side an estimator outside the grid leaves unbounded."""
     lo_edge, hi_edge = math.log2(events["lr"].min()), math.log2(events["lr"].max())
     draws, rows = {}, []
     for est in (GRPO, DRMAS):
@@ -302,16 +320,21 @@ def frontier(events: pd.DataFrame, rng: np.random.Generator, n_boot: int = N_FRO
             continue
         x, y = np.log2(g["lr"].to_numpy(float)), g["event"].to_numpy(int)
         fit = _logistic(x, y)
-        if fit is None:  # separated: all collapse, none does, or every collapsed level above every stable one
-            held, fell = x[y == 0], x[y == 1]
-            low = held.max() if len(held) else lo_edge
-            high = fell.min() if len(fell) else hi_edge
-            note = ("below the grid" if not len(held) else "above the grid" if not len(fell) else
+        if fit is None:
+            low, high = _bracket(x, y) if _separates(x, y) else (-math.inf, math.inf)
+            if low > high or (low == -math.inf and high == math.inf):  # collapse does not rise with the lr
+                rows.append({"estimator": est, "lr50": math.nan, "low": 0.0, "high": math.inf,
+                             "note": "not identified (collapse does not rise with the lr)"})
+                draws[est] = np.full(n_boot, math.nan)
+                continue
+            note = ("below the grid" if low == -math.inf else "above the grid" if high == math.inf else
+                    f"at {2 ** low:.2g} (separated)" if low == high else
                     f"between {2 ** low:.2g} and {2 ** high:.2g} (separated)")
-            # Outside the grid the interval is open on that side: below it LR50 lies in (0, lowest level], above it in
-            # [highest level, inf).
-            rows.append({"estimator": est, "lr50": math.nan, "low": 0.0 if not len(held) else 2 ** low,
-                         "high": math.inf if not len(fell) else 2 ** high, "note": note})
+            rows.append({"estimator": est, "lr50": 2 ** low if low == high else math.nan,
+                         "low": 0.0 if low == -math.inf else 2 ** low, "high": math.inf if high == math.inf else 2 ** high,
+                         "note": note})
+            # Outside the grid the edge only bounds LR50 (the ratio's interval is opened below); inside, a uniform draw.
+            low, high = max(low, lo_edge), min(high, hi_edge)
             draws[est] = rng.uniform(low, high, n_boot) if high > low else np.full(n_boot, low)
             continue
         b0, b1 = fit

@@ -200,6 +200,26 @@ def test_frontier_outside_the_grid_leaves_the_ratio_open_on_that_side():
     assert confirm._interval(low, high) == "[2.04, ∞]"
 
 
+def test_frontier_quasi_separation_is_a_bracket_not_a_fitted_point():
+    """Collapses and non-collapses meeting at one level (5 of 6 at the lowest level, all above it) have no finite
+    maximum-likelihood fit: the LR50 is bracketed by the levels where the collapsed fraction crosses 1/2, never a
+    point the optimiser stopped at. A level with 2 of 6 collapsed is below the crossing."""
+    rng = np.random.default_rng(0)
+    lrs = [2.8e-4, 4e-4, 5.7e-4]
+
+    def runs(est, counts):
+        return [{"estimator": est, "lr": lr, "event": int(i < k)} for lr, k in zip(lrs, counts) for i in range(6)]
+
+    out = confirm.frontier(pd.DataFrame(runs("trajectory_grpo", [5, 6, 6]) + runs("drmas", [6, 6, 6])), rng, n_boot=50)
+    row = out.set_index("estimator").loc["trajectory_grpo"]
+    assert row["note"] == "below the grid" and math.isnan(row["lr50"]) and row["low"] == 0.0
+    assert out.attrs["ratio"][1:] == (0.0, math.inf)  # both below the grid: not identified
+    out = confirm.frontier(pd.DataFrame(runs("trajectory_grpo", [0, 2, 6]) + runs("drmas", [0, 3, 6])), rng, n_boot=50)
+    frame = out.set_index("estimator")
+    assert frame.loc["trajectory_grpo", "note"] == "between 0.0004 and 0.00057 (separated)"
+    assert frame.loc["drmas", "note"] == "at 0.0004 (separated)" and frame.loc["drmas", "lr50"] == pytest.approx(4e-4)
+
+
 def test_clip_dial_reads_the_runs_own_config(tmp_path):
     an = confirm.analyze(load_grid(make_grid(tmp_path / "g", seeds=range(3), clip_dial=True)), n_boot=100)
     assert set(an.events.loc[an.events["clip"] == "off", "arm"]) == {"clip_dial"}
