@@ -16,8 +16,8 @@ _HOMES: dict[str, tuple[str, ...]] = {
                             "register_estimator"),
     "drmas.algos.advantages": ("AdvantageResult", "compute_advantages", "segment_stats"),
     "drmas.algos.diagnostics": ("AgentGradNorms", "ControlTokens", "SpikeDetector", "SpikeRule", "class_factors",
-                                "control_positions", "class_sums", "first_nonfinite", "grad_norm", "lemma_factors", "spike_ratios",
-                                "step_classes", "token_pieces"),
+                                "control_positions", "class_sums", "first_nonfinite", "grad_norm", "lemma_factors",
+                                "spike_ratios", "step_classes", "token_pieces"),
     "drmas.algos.loss": ("PolicyLossConfig", "aggregate_loss", "entropy_from_logits", "kl_k3", "policy_loss"),
 }
 __getattr__, __dir__, __all__ = lazy_exports("drmas.algos", _HOMES)
