@@ -358,10 +358,10 @@ def frontier(events: pd.DataFrame, rng: np.random.Generator, n_boot: int = N_FRO
         low, high = float(np.percentile(ratio, 2.5)), float(np.percentile(ratio, 97.5))
         # An estimator outside the grid was drawn at the grid's edge, which only bounds its LR50; the ratio's interval
         # is then open on the side that bound cannot reach (both below the grid: (0, inf), not identified).
-        notes = out.set_index("estimator")["note"]
-        if notes[GRPO] == "below the grid" or notes[DRMAS] == "above the grid":
+        bounds = out.set_index("estimator")
+        if bounds.at[GRPO, "low"] == 0 or bounds.at[DRMAS, "high"] == math.inf:
             high = math.inf
-        if notes[GRPO] == "above the grid" or notes[DRMAS] == "below the grid":
+        if bounds.at[GRPO, "high"] == math.inf or bounds.at[DRMAS, "low"] == 0:
             low = 0.0
         out.attrs["ratio"] = (float(point[DRMAS] / point[GRPO]) if point.notna().all() else math.nan, low, high)
     return out
