@@ -73,6 +73,24 @@ def autocast(device: torch.device, precision: str) -> ContextManager:
     return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype))
 
 
+def cpu_identity() -> dict[str, str]:
+    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere) and the vector ISA torch's
+    kernels dispatch to. Floating-point results, and so the tokens a sampler draws, can differ between CPU
+    models: twins that must share a rollout (docs/frontier.md, "Twins") are compared by this record."""
+    import platform
+
+    import torch
+
+    model = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            model = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"model": model or platform.processor() or platform.machine(),
+            "capability": str(torch.backends.cpu.get_cpu_capability())}
+
+
 def describe(device: torch.device) -> str:
     """One line naming the device (GPU model and memory for CUDA), for logs and manifests."""
     import torch

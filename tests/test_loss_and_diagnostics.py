@@ -116,6 +116,44 @@ def test_per_agent_grad_norms_under_sharing():
         tracker.mark("solver")
 
 
+def test_agent_shares_and_cosines_equal_separate_backward_passes():
+    """share_k = g_k·g/||g||² and cos_ab from one accumulated pass equal those of separate passes per agent."""
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
+    xs = {"verifier": torch.randn(5, 4), "search": torch.randn(3, 4), "answer": 3 * torch.randn(2, 4)}
+
+    def loss_of(x):
+        return model(x).pow(2).sum() / 10
+
+    parts = {}
+    for name, x in xs.items():
+        model.zero_grad()
+        loss_of(x).backward()
+        parts[name] = torch.cat([p.grad.flatten() for p in model.parameters()]).double()
+    g = sum(parts.values())
+    model.zero_grad()
+    tracker = AgentGradNorms(model.parameters(), keep_parts=True)
+    for name, x in xs.items():
+        loss_of(x).backward()
+        tracker.mark(name)
+    share, cos = tracker.shares()
+    for name, gk in parts.items():
+        assert share[name] == pytest.approx(float(gk @ g / (g @ g)), rel=1e-5)
+    assert sum(share.values()) == pytest.approx(1.0, abs=1e-9)
+    assert set(cos) == {("verifier", "search"), ("verifier", "answer"), ("search", "answer")}
+    for (a, b), c in cos.items():
+        assert c == pytest.approx(float(parts[a] @ parts[b] / (parts[a].norm() * parts[b].norm())), rel=1e-5)
+    with pytest.raises(ValueError, match="keep_parts"):
+        AgentGradNorms(model.parameters()).shares()
+    model.zero_grad()  # an agent whose contribution is exactly zero: its cosines are NaN, not a division error
+    zero = AgentGradNorms(model.parameters(), keep_parts=True)
+    zero.mark("idle")
+    loss_of(xs["search"]).backward()
+    zero.mark("search")
+    share, cos = zero.shares()
+    assert share == {"idle": 0.0, "search": 1.0} and math.isnan(cos[("idle", "search")])
+
+
 def test_grad_norm_propagates_nan():
     p = torch.nn.Parameter(torch.zeros(2))
     p.grad = torch.tensor([float("nan"), 1.0])

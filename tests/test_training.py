@@ -69,6 +69,7 @@ def test_training_run_writes_metrics_eval_manifest(warm):
     manifest = json.loads((cfg.run_dir / "manifest.json").read_text())
     assert manifest["effective_agents"]["verifier"]["model"] == "verifier_model"
     assert manifest["versions"]["torch"] and "git_commit" in manifest
+    assert [set(m) for m in manifest["machines"]] == [{"model", "capability"}]  # the CPU that drew step 0
     assert (cfg.run_dir / "DONE").exists()
     from drmas.cli import main  # `drmas eval RUN_DIR` re-evaluates the latest checkpoint
 
@@ -113,6 +114,30 @@ def test_sharing_one_model_two_agents_has_per_agent_grad_norms(warm):
     assert a > 0 and b >= 0 and math.isfinite(total)  # b is 0 when every verifier step had advantage 0
     # the model's gradient is the sum of the agents' contributions: triangle inequality both ways
     assert abs(a - b) - 1e-5 <= total <= a + b + 1e-5
+    # the agents' shares of the update and the cosine between them (one mini-batch: one optimizer step)
+    share_a, share_b, cos = m["agent/solver/grad_share"], m["agent/verifier/grad_share"], m["wg/shared/grad_cos/solver~verifier"]
+    assert share_a + share_b == pytest.approx(1.0, abs=1e-6)
+    if b > 0:  # law of cosines: ||g_a + g_b||² = a² + b² + 2ab cos, and share_a = (a² + ab cos) / ||g||²
+        assert total ** 2 == pytest.approx(a * a + b * b + 2 * a * b * cos, rel=1e-3)
+        assert share_a == pytest.approx((a * a + a * b * cos) / total ** 2, rel=1e-3, abs=1e-6)
+
+
+def test_twins_draw_the_same_step0_rollout_and_a_seed_changes_it(warm):
+    """Twins (same seed; estimator and learning rate differ) sample the same step-0 rollout on one machine:
+    the frontier round's paired analysis rests on it (docs/frontier.md, "Twins")."""
+    digests = {}
+    for name, extra in {"twin_grpo": ("algo.estimator=trajectory_grpo", "train.seed=7"),
+                        "twin_drmas": ("algo.estimator=drmas", "train.seed=7", "models.solver_model.optim.lr=3e-4",
+                                       "models.verifier_model.optim.lr=3e-4"),
+                        "other_seed": ("algo.estimator=drmas", "train.seed=8")}.items():
+        cfg = _config(warm, name, "train.steps=1", "train.save_every=0", *extra)
+        t = Trainer(cfg)
+        t.train(progress=False)
+        t.close()
+        digests[name] = _metrics(cfg.run_dir)[0]["rollout/digest"]
+    assert isinstance(digests["twin_grpo"], int) and 0 <= digests["twin_grpo"] < 2 ** 52
+    assert digests["twin_grpo"] == digests["twin_drmas"]
+    assert digests["other_seed"] != digests["twin_grpo"]
 
 
 @pytest.mark.slow

@@ -7,6 +7,16 @@ the micro-batches of one agent after another and calls ``mark(agent)`` after eac
 the gradient accumulated since the previous mark is that agent's contribution. Cost: one copy of the
 gradients and one subtraction per agent.
 
+Agents' shares of a shared update. With ``keep_parts=True`` the tracker also keeps each contribution g_k
+(one more float32 copy of the gradient per agent) and gives, once every agent is marked,
+
+    share_k = g_k · g / ||g||²     (Σ_k share_k = 1; g = Σ_k g_k, the accumulated pre-clip gradient)
+    cos_ab  = g_a · g_b / (||g_a|| ||g_b||)
+
+``share_k`` is the part of the shared update's direction that agent k's rows pull for: clipping and AdamW act on g,
+so an estimator that rescales one agent's advantages changes the shares, not only ||g_k||. A share is NaN where
+||g|| = 0 and a cosine where either norm is 0.
+
 Spike statistic (the paper shows spikes but never defines one): for the norm series g_1, g_2, ...
 of one agent, ``ratio_t = g_t / median(g_{t-W}, ..., g_{t-1})`` over a rolling window of the previous
 W steps (at least ``min_history`` of them); step t is a *spike* when ``ratio_t > threshold`` or g_t is
@@ -132,10 +142,12 @@ def grad_norm(params: Iterable[torch.nn.Parameter]) -> float:
 class AgentGradNorms:
     """Norm of each agent's contribution to the accumulated gradient of one model (see module doc)."""
 
-    def __init__(self, params: Iterable[torch.nn.Parameter]):
+    def __init__(self, params: Iterable[torch.nn.Parameter], keep_parts: bool = False):
         self.params = [p for p in params if p.requires_grad]
         self._last = self._flat()
         self.norms: dict[str, float] = {}
+        self.keep_parts = keep_parts
+        self._parts: dict[str, torch.Tensor] = {}
 
     def _flat(self) -> torch.Tensor:
         parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().float().flatten() for p in self.params]
@@ -143,14 +155,34 @@ class AgentGradNorms:
 
     def mark(self, agent: str) -> float:
         """Record the norm of the gradient accumulated since the previous mark as ``agent``'s."""
-        now = self._flat()
-        norm = float(torch.linalg.vector_norm(now - self._last))
-        self._last = now
         if agent in self.norms:
             raise ValueError(f"agent {agent!r} was already marked since the last zero_grad: run each agent's "
                              "micro-batches contiguously, or start a new AgentGradNorms after zero_grad")
-        self.norms[agent] = norm
-        return norm
+        now = self._flat()
+        part = now - self._last
+        self._last = now
+        self.norms[agent] = float(torch.linalg.vector_norm(part))
+        if self.keep_parts:
+            self._parts[agent] = part
+        return self.norms[agent]
+
+    def shares(self) -> tuple[dict[str, float], dict[tuple[str, str], float]]:
+        """``(share_k per agent, cos_ab per pair of agents in marking order)`` of the marked contributions
+        (module doc); needs ``keep_parts=True``."""
+        if not self.keep_parts:
+            raise ValueError("AgentGradNorms.shares needs keep_parts=True (the contributions are not kept otherwise)")
+        names = list(self._parts)
+        if not names:
+            return {}, {}
+        parts = torch.stack([self._parts[n].double() for n in names])
+        gram = parts @ parts.T  # g_a · g_b
+        total = float(gram.sum())  # ||Σ_k g_k||²
+        nan = float("nan")
+        share = {n: float(gram[i].sum()) / total if total > 0 else nan for i, n in enumerate(names)}
+        norm = gram.diagonal().sqrt()
+        cos = {(a, b): float(gram[i, j] / (norm[i] * norm[j])) if norm[i] > 0 and norm[j] > 0 else nan
+               for i, a in enumerate(names) for j, b in enumerate(names) if i < j}
+        return share, cos
 
 
 def token_pieces(tokenizer: Any) -> np.ndarray:

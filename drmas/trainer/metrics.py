@@ -6,6 +6,9 @@ Logged keys (every step; ``{k}`` = agent name, ``{m}`` = worker group / model ke
 key                                  definition
 ==================================== ==========================================================================
 reward/mean, reward/std              outcome reward R over trajectories
+rollout/digest                       52-bit digest of the step's sampled token ids (every row's prompt and response, in
+                                     table order; :func:`rollout_digest`): two runs with equal digests at a step drew
+                                     the same rollout there (twins at step 0, a resumed run against its original)
 score/mean                           score = R − c·(1 − valid) over steps
 agent/{k}/reward_mean, _std          μk, σk: mean/std (ddof=1) of agent k's step scores, averaged over task groups
 task/mu, task/sigma                  μ, σ: trajectory-level task statistics of Eq. 2, averaged over task groups
@@ -35,6 +38,10 @@ agent/{k}/control_prob, _min         mean (min) probability of the sampled contr
                                      query's start; <answer>; \\boxed{}); rows without the tag left out
 agent/{k}/grad_norm                  pre-clip norm of agent k's contribution to its model's gradient (max over
                                      mini-batches); /spike_ratio, /spike: the spike statistic (docs/algorithms.md)
+agent/{k}/grad_share                 agent k's share g_k·g / ||g||² of its model's pre-clip gradient g = Σ_k g_k (mean
+                                     over mini-batches; Σ_k = 1); logged where several agents share the model
+wg/{m}/grad_cos/{a}~{b}              cosine between agents a's and b's contributions to model m's gradient (mean over
+                                     mini-batches; shared models)
 wg/{m}/grad_norm                     pre-clip gradient norm of model m (max over mini-batches); /spike
 wg/{m}/loss, clip_frac, entropy,     policy loss terms (mean over mini-batches); approx_kl_old = E[(r − 1) − log r]
   approx_kl_old, lr, skipped         skipped: optimizer steps skipped for a non-finite gradient
@@ -67,6 +74,8 @@ from every run.
 """
 from __future__ import annotations
 
+import hashlib
+import itertools
 import logging
 import math
 from typing import TYPE_CHECKING, Any
@@ -138,7 +147,7 @@ def step_metrics(rollout: Collected, update: dict[str, dict[str, Any]], estimato
     m: dict[str, Any] = {
         "reward/mean": float(rollout.traj_reward.mean()), "reward/std": float(rollout.traj_reward.std()),
         "score/mean": float(table.score.mean()) if len(table) else float("nan"),
-        "steps": len(table),
+        "steps": len(table), "rollout/digest": rollout_digest(table.prompt_ids, table.response_ids),
     }
     m.update(_agent_reward_stats(table, rollout.traj_reward, rollout.traj_task))
     if len(table):
@@ -180,6 +189,15 @@ def spike_metrics(spikes: dict[str, SpikeDetector], metrics: dict[str, Any]) -> 
             out[f"{prefix}/spike_ratio"] = ratio
             out[f"{prefix}/spike"] = int(spike)
     return out
+
+
+def rollout_digest(prompt_ids: list[list[int]], response_ids: list[list[int]]) -> int:
+    """The first 52 bits of BLAKE2b over the rows' token ids (each row: its prompt and response lengths, then
+    their ids; int64 little-endian), an integer that JSON and float64 readers keep exactly. Equal rollouts have
+    equal digests; two different rollouts share one with probability 2^-52."""
+    rows = [[len(p), len(r), *p, *r] for p, r in zip(prompt_ids, response_ids)]
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype="<i8")
+    return int.from_bytes(hashlib.blake2b(flat.tobytes(), digest_size=8).digest(), "little") >> 12
 
 
 def closing_metrics(rollout: Collected, update: dict[str, dict[str, Any]], timings: dict[str, float],

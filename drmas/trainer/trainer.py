@@ -27,7 +27,7 @@ from drmas.checkpoints import verify_artifact
 from drmas.config import RunConfig, dump_config
 from drmas.config.identity import identity_record
 from drmas.io import atomic_write_json, atomic_write_text, read_json_object
-from drmas.devices import describe, resolve_device
+from drmas.devices import cpu_identity, describe, resolve_device
 from drmas.orchestra import make_orchestra
 from drmas.rollout.base import SamplingParams
 from drmas.loggers import MetricsSink
@@ -307,7 +307,12 @@ class Trainer:
 
         import transformers
 
-        previous = (read_json_object(self.run_dir / "manifest.json") or {}).get("config_changes_kept", [])
+        before = read_json_object(self.run_dir / "manifest.json") or {}
+        previous = before.get("config_changes_kept", [])
+        # every CPU the run has trained on, the first one drew step 0 (twins are compared by it)
+        machines = list(before.get("machines", []))
+        if (cpu := cpu_identity()) not in machines:
+            machines.append(cpu)
         manifest = {
             **identity_record(self.cfg, [*previous, *kept_changes]),
             "name": self.cfg.name, "config": json.loads(self.cfg.model_dump_json()),
@@ -317,6 +322,7 @@ class Trainer:
             "versions": {"python": platform.python_version(), "torch": torch.__version__,
                          "transformers": transformers.__version__, "numpy": np.__version__},
             "git_commit": git_commit(), "argv": sys.argv, "device": describe(resolve_device(self.cfg.train.device)),
+            "machines": machines,
         }
         atomic_write_json(self.run_dir / "manifest.json", manifest, indent=2, default=str)
         atomic_write_text(self.run_dir / "config.yaml", dump_config(self.cfg))

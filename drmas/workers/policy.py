@@ -11,7 +11,8 @@ Update (paper Eq. 3), per RL step, on the plan of drmas/workers/minibatch.py:
    each micro-batch's loss is weighted by its share of the mini-batch (tokens for ``token_mean``,
    sequences otherwise), so gradient accumulation equals one big batch;
 3. after each agent's micro-batches, ``AgentGradNorms.mark(agent)`` records that agent's contribution
-   to the gradient (per-agent norms also under LLM sharing);
+   to the gradient (per-agent norms also under LLM sharing; where the batch holds several agents, each
+   agent's share g_k·g/||g||² of the update and the cosines between the agents' contributions too);
 4. the pre-clip norm is checked: a non-finite gradient skips the optimizer step (counted);
    otherwise clip to ``max_grad_norm`` and step.
 Shared prompts (``algo.shared_prefix``): in a micro-batch, rows with the same prompt (the G trajectories
@@ -153,12 +154,13 @@ class PolicyWorker:
         behavior = _AgentBehavior(self._control_positions(batch), n)
         old_logp = self._old_logprobs(batch, behavior) if len(plan) > 1 else None
         agg = self.spec.algo.aggregation
+        shared = len(set(batch.agents)) > 1  # several agents on this model: their shares of its update
         per_step: list[dict[str, float]] = []
         for (micro_batches,) in plan:  # one rank
             rows_of_mini = np.concatenate([mb.rows for mb in micro_batches])
             total = sum(len(batch.response_ids[i]) for i in rows_of_mini) if agg == "token_mean" else len(rows_of_mini)
             self.optimizer.zero_grad(set_to_none=True)
-            tracker = AgentGradNorms(self.model.parameters())
+            tracker = AgentGradNorms(self.model.parameters(), keep_parts=shared)
             sums: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "entropy": 0.0, "approx_kl_old": 0.0}
             for mb in micro_batches:
                 rows = mb.rows
@@ -191,7 +193,8 @@ class PolicyWorker:
                 self.nonfinite_skips += 1
                 logger.warning("worker %s: non-finite gradient norm (%s); optimizer step skipped", self.spec.key, grad_norm)
             per_step.append({**sums, "grad_norm": grad_norm, "skipped": float(not finite), "update_norm": update_norm,
-                             **{f"agent_grad_norm/{a}": v for a, v in tracker.norms.items()}})
+                             **{f"agent_grad_norm/{a}": v for a, v in tracker.norms.items()},
+                             **(_share_metrics(tracker) if shared else {})})
         if any(not d["skipped"] for d in per_step):
             self.scheduler.step()  # the warm-up counts RL steps that updated the weights
         metrics.update(reduce_step_metrics(per_step))
@@ -261,6 +264,13 @@ class _AgentBehavior:
 
     def metrics(self, agents: np.ndarray) -> dict[str, float]:
         return agent_behavior_metrics(agents, self.entropy, self.control_logp)
+
+
+def _share_metrics(tracker: AgentGradNorms) -> dict[str, float]:
+    """``agent_grad_share/{k}`` and ``grad_cos/{a}~{b}`` of one optimizer step (drmas/algos/diagnostics.py)."""
+    share, cos = tracker.shares()
+    return {**{f"agent_grad_share/{k}": v for k, v in share.items()},
+            **{f"grad_cos/{a}~{b}": v for (a, b), v in cos.items()}}
 
 
 def _pad_stack(rows: list[torch.Tensor], shape: torch.Size) -> torch.Tensor:
