@@ -194,15 +194,18 @@ def abandonment(events: pd.DataFrame) -> pd.DataFrame:
                 tables.append(np.array([[cg, ng - cg], [cd, nd - cd]], float))
         grpo_n = sum(int(t[0].sum()) for t in tables); drmas_n = sum(int(t[1].sum()) for t in tables)
         grpo_hit = sum(int(t[0, 0]) for t in tables); drmas_hit = sum(int(t[1, 0]) for t in tables)
-        p = math.nan
+        p = p_corrected = math.nan
         if tables and (grpo_hit + drmas_hit) > 0 and (grpo_hit + drmas_hit) < grpo_n + drmas_n:
             st = StratifiedTable(tables)
-            two = float(st.test_null_odds(correction=True).pvalue)
-            p = two / 2 if grpo_hit / grpo_n > drmas_hit / drmas_n else 1 - two / 2
+            two = float(st.test_null_odds(correction=False).pvalue)  # the rule's test names no continuity correction
+            two_corrected = float(st.test_null_odds(correction=True).pvalue)
+            greater = grpo_hit / grpo_n > drmas_hit / drmas_n
+            p = two / 2 if greater else 1 - two / 2
+            p_corrected = two_corrected / 2 if greater else 1 - two_corrected / 2
         elif tables:
-            p = 1.0
+            p = p_corrected = 1.0
         rows.append({"agent": agent, "grpo": grpo_hit, "grpo_n": grpo_n, "drmas": drmas_hit, "drmas_n": drmas_n,
-                     "p": p})
+                     "p": p, "p_continuity_corrected": p_corrected})
     return pd.DataFrame(rows)
 
 
@@ -505,6 +508,72 @@ def verdicts(an: Confirmation) -> dict[str, str]:
     return out
 
 
+def record(an: Confirmation) -> list[str]:
+    """What the round's numbers measure (docs/stability.md, "The record"), recomputed from the run folders: whether
+    any run improved on its SFT policy, the collapses a 150-step horizon would have seen, which twin pairs drew one
+    step-0 rollout, and the Answer agent's chain from the Lemma factor to the update."""
+    ev, steps, agents = an.events, an.data.steps, an.data.agents
+    rising = below = silent = 0
+    for r in ev.itertuples():
+        reward = steps.loc[steps["run"] == r.run].sort_values("step").set_index("step")["reward/mean"]
+        end = r.time if r.event else int(reward.index.max())
+        before = reward[reward.index < max(end, 2)]
+        if len(before) >= 3:
+            fit = sps.linregress(before.index.to_numpy(float), before.to_numpy(float))
+            rising += int(fit.slope > 0 and fit.pvalue / 2 < ALPHA)
+        middle = reward[(reward.index >= EARLY) & (reward.index < end)]
+        below += int(len(middle) > 0 and middle.mean() < reward[reward.index < EARLY].mean())
+        silent += int((reward.iloc[-PERSIST:] == 0).all())
+    evals = an.data.evals.assign(hits=an.data.evals["successes"].apply(sum),
+                                 draws=an.data.evals["n_tasks"] * an.data.evals["k"])
+    per_run = evals.groupby(["run", "step"])[["hits", "draws"]].sum()
+    per_run = (per_run["hits"] / per_run["draws"]).rename("avg").reset_index()
+    curve = per_run.groupby("step")["avg"].mean()
+    above0 = sum(bool((g.loc[g["step"] > 0, "avg"] > g.loc[g["step"] == 0, "avg"].max()).any())
+                 for _, g in per_run.groupby("run"))
+    main = ev[ev["arm"] == "main"]
+    lowest = main[main["lr"] == main["lr"].min()]
+    by150 = int(((lowest["event"] == 1) & (lowest["time"] <= 150 - PERSIST)).sum())
+    # a step-0 rollout's fingerprint: its digest where logged, else every agent's token count and the step count
+    marks = [c for c in steps.columns if c == "rollout/digest" or c.startswith("tokens/") or c == "steps"]
+    step0 = steps[steps["step"] == 0].set_index("run")[marks]
+    pairs = [(arm, *pair) for arm, g in ev.groupby("arm") for pair in twin_pairs(g)
+             if pair[2] in step0.index and pair[3] in step0.index] if marks else []
+    split = [(arm, lr, seed) for arm, lr, seed, g, d in pairs if not step0.loc[g].equals(step0.loc[d])]
+    window = agents[agents["step"] < WINDOW].merge(ev[["run", "estimator", "lr", "seed", "arm"]], on="run")
+    window = window[window["arm"] == "main"]
+    chain = []
+    needed = {"lemma_factor", "adv_m2", "grad_norm"}
+    for agent, g in (window.groupby("agent") if needed <= set(window.columns) else ()):
+        grpo, drmas = g[g["estimator"] == GRPO], g[g["estimator"] == DRMAS]
+        factor = grpo.groupby("run")["lemma_factor"].median().median()
+        m2 = (grpo.groupby(["lr", "seed"])["adv_m2"].median() / drmas.groupby(["lr", "seed"])["adv_m2"].median())
+        zero = {e: float((x["grad_norm"] == 0).mean()) for e, x in ((GRPO, grpo), (DRMAS, drmas))}
+        chain.append(f"{agent}: Lemma factor under GRPO {_fmt(factor)} (median over runs of each run's median, steps "
+                     f"0-{WINDOW - 1}); advantage second moment GRPO / Dr. MAS {_fmt(m2.median())} (median over pairs "
+                     f"of each run's median); steps with an exactly zero gradient: GRPO {100 * zero[GRPO]:.0f} %, "
+                     f"Dr. MAS {100 * zero[DRMAS]:.0f} %")
+    return ["## Record: what the numbers measure", "",
+            f"- Runs whose reward rises before the collapse (slope > 0, one-sided p < {ALPHA}): {rising} of {len(ev)}; "
+            f"mean reward from step {EARLY} to the collapse below the steps 0-{EARLY - 1} mean: {below} of {len(ev)}; "
+            f"every one of the last {PERSIST} steps at reward 0: {silent} of {len(ev)}.",
+            "- Mean eval avg@4 over the runs by step: " + ", ".join(f"{int(k)}: {v:.3f}" for k, v in curve.items())
+            + f"; runs with a later evaluation above their own step-0 one: {above0} of {ev['run'].nunique()}.",
+            f"- At the lowest level ({lowest['lr'].min():g}), runs collapsed with onset by step {150 - PERSIST} "
+            f"(confirmed by step 150): {by150} of {len(lowest)}.",
+            f"- Twin pairs with the same step-0 rollout (equal digests, or every agent's token count and the step count): "
+            f"{len(pairs) - len(split)} of {len(pairs)}" + (f"; differing: {', '.join(f'{arm} arm {lr:g} seed {s}' for arm, lr, s in split)}"
+                                                            if split else "") + ".",
+            *(f"- {line}." for line in chain), "",
+            "## Deviations from the written rules", "",
+            "- C2: the rule names a Cochran-Mantel-Haenszel test; the analysis had applied a continuity correction that "
+            "the rule does not name. The test as written is reported (`p`); `p_continuity_corrected` is the earlier "
+            "figure. The verdict is the same with either.",
+            "- C4: after all runs were in, quasi-complete separation (collapses and non-collapses meeting at one level) "
+            "became a bracket instead of the point where the fit's optimiser stopped (no finite maximum-likelihood "
+            "estimate exists there). The verdict is the same either way.", ""]
+
+
 def _interval(low: float, high: float) -> str:
     """An interval for the summary; an open end (0 below, inf above) is written as such."""
     return f"[{'0' if low == 0 else _fmt(low)}, {'∞' if high == math.inf else _fmt(high)}]"
@@ -576,6 +645,8 @@ def summary_markdown(an: Confirmation, runs_dir: Path) -> str:
             inter = an.c5["interaction"]
             lines += ["Estimator x clip interaction (Cox): " + (inter["note"] if "note" in inter else
                       f"HR {_fmt(inter['hr'])} [{_fmt(inter['low'])}, {_fmt(inter['high'])}], p = {_fmt(inter['p'], 3)}"), ""]
+    if len(an.events):
+        lines += record(an)
     if len(cost := step_seconds(an)):
         lines += ["## Cost", "", f"Step time of the {len(cost)} finished runs (Σ `timing/step` of each run over all its "
                   f"sittings; evaluations and start-up not counted): {cost.sum() / 3600:.1f} h in all, median "
@@ -666,7 +737,8 @@ def _ours(an: Confirmation, key: str) -> tuple[str, str]:
     if key == "C3":
         p95 = an.c3[an.c3["stat"] == "p95"]
         per = "; ".join(f"{a.agent} {a.above}/{a.pairs} pairs above, median ratio {_fmt(a.median_ratio)} "
-                        f"[{_fmt(a.low)}, {_fmt(a.high)}], Holm p {_fmt(a.p_holm, 3)}" for a in p95.itertuples())
+                        f"[{_fmt(a.low)}, {_fmt(a.high)}], Holm p {_fmt(a.p_holm, 3)} (above), "
+                        f"{_fmt(a.p_below_holm, 3)} (below)" for a in p95.itertuples())
         best = p95.sort_values("p_holm").iloc[0]
         return per, f"{best['agent']}: {best['above']}/{best['pairs']} above, ratio {_fmt(best['median_ratio'])}"
     if key == "C4":

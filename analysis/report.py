@@ -787,7 +787,8 @@ def write_report(runs: Path, out: Path = Path("results"), figures_dir: Path = Pa
                                        stability.figure_stem(st.task))
         if an.confirm is not None:
             main_arm = an.confirm.events[an.confirm.events["arm"] == "main"]
-            fig_paths += figs.save(stability.fig_gradnorm_over_steps(an.confirm.data, main_arm), figures_dir,
+            fig_paths += figs.save(stability.fig_gradnorm_over_steps(an.confirm.data, main_arm, collapses=main_arm,
+                                                                     window=confirm.WINDOW), figures_dir,
                                    "stability_gradnorm_search_confirm")
     claims = build_claims(an)
     pd.DataFrame([{"label": c.label or c.key, "key": c.key, "claim": c.claim, "paper": c.paper, "ours": c.ours,

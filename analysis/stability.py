@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -627,15 +628,18 @@ def norm_marks(norms: np.ndarray, spikes: np.ndarray | None) -> tuple[np.ndarray
     return np.isnan(norms) & ~nonfinite, nonfinite
 
 
-def fig_gradnorm_over_steps(data: GridData, runs: pd.DataFrame, in_progress: pd.DataFrame | None = None):
+def fig_gradnorm_over_steps(data: GridData, runs: pd.DataFrame, in_progress: pd.DataFrame | None = None,
+                            collapses: pd.DataFrame | None = None, window: int | None = None):
     """Figure-4 analogue: per-agent pre-clip grad norm over steps, one panel per agent (rows) x learning rate
-    (columns). Per estimator (GRPO red, Dr. MAS blue) the median over seeds, smoothed by a trailing rolling median
-    of ROLL steps, with a band from the seeds' 25th to 75th percentile (:func:`analysis.plotting.seed_band`; raw
-    seed lines would overlap). Steps at which
-    an agent was not called (no norm logged) are drawn apart from non-finite norms: a grey tick at the panel's
-    bottom per seed ("not called") against a triangle at its top ("non-finite": a logged non-finite norm, flagged
-    as a spike). Runs not finished yet (``in_progress``) are drawn dashed, and only then does the legend say so.
-    None without runs."""
+    (columns). Per estimator (GRPO red, Dr. MAS blue) the median over the seeds that logged a finite norm at the
+    step, zeros included, smoothed by a trailing rolling median of ROLL steps, with a band from those seeds' 25th to
+    75th percentile. What feeds a point is stated, not hidden: the curve is drawn only at steps where at least half
+    of the cell's seeds logged a norm (it stops where fewer do, and never bridges such steps); a median or band edge
+    of exactly 0 and every zero norm are drawn at the panel's floor (a dot per seed), not dropped. Steps at which an
+    agent was not called (no norm logged) are a grey tick per seed at the bottom, non-finite norms a triangle at the
+    top. ``collapses`` (``run``, ``time``, ``event``) marks each run's collapse step with a notch at the top in its
+    estimator's colour; ``window`` shades steps 0 .. window-1 (a claim's window, e.g. C3's). Runs not finished yet
+    (``in_progress``) are drawn dashed, and only then does the legend say so. None without runs."""
     from analysis.figures import _figure
     from analysis.plotting import finish, seed_band
 
@@ -655,42 +659,64 @@ def fig_gradnorm_over_steps(data: GridData, runs: pd.DataFrame, in_progress: pd.
     names = {GRPO: "GRPO", DRMAS: "Dr. MAS"}
     shown: set[str] = set()
     steps_all = np.sort(data.steps.loc[data.steps["run"].isin(runs["run"]), "step"].unique())
+    collapsed = (collapses[collapses["event"] == 1].set_index("run")["time"] if collapses is not None
+                 else pd.Series(dtype=float))
     for i, agent in enumerate(agents):
         for j, lr in enumerate(lrs):
             ax = axes[i][j]
-            marks = []
+            cells = []
             for est, cell in runs[runs["lr"] == lr].groupby("estimator"):
-                wide = (ag[ag["run"].isin(cell["run"]) & (ag["agent"] == agent)]
-                        .pivot_table(index="step", columns="run", values="grad_norm", aggfunc="first", dropna=False)
-                        .reindex(index=steps_all))
-                spikes = (ag[ag["run"].isin(cell["run"]) & (ag["agent"] == agent)]
-                          .pivot_table(index="step", columns="run", values="spike", aggfunc="first")
+                rows = ag[ag["run"].isin(cell["run"]) & (ag["agent"] == agent)]
+                wide = (rows.pivot_table(index="step", columns="run", values="grad_norm", aggfunc="first", dropna=False)
+                        .reindex(index=steps_all, columns=list(cell["run"])))
+                spikes = (rows.pivot_table(index="step", columns="run", values="spike", aggfunc="first")
                           .reindex(index=steps_all, columns=wide.columns)) if "spike" in ag else None
-                y = wide.to_numpy(float)
+                cells.append((est, cell, wide.to_numpy(float), spikes))
+            positive = np.concatenate([y[np.isfinite(y) & (y > 0)] for _, _, y, _ in cells]) if cells else np.array([])
+            floor = 10.0 ** math.floor(math.log10(positive.min())) if len(positive) else 1e-3
+            for k, (est, cell, y, spikes) in enumerate(cells):
+                color = colors.get(est, "k")
                 not_called, nonfinite = norm_marks(y, spikes.to_numpy(float) if spikes is not None else None)
-                positive = np.where(np.isfinite(y) & (y > 0), y, np.nan)
+                finite = np.isfinite(y)
+                need = math.ceil(y.shape[1] / 2)
+                fed = finite.sum(axis=1) >= need
                 with np.errstate(all="ignore"):
-                    mid, lo, hi = (pd.Series(v, index=steps_all).rolling(ROLL, min_periods=1).median()
-                                   for v in seed_band(np.log10(positive), "iqr"))
+                    mid, lo, hi = (pd.Series(np.where(fed, v, np.nan), index=steps_all)
+                                   .rolling(ROLL, min_periods=1).median().where(fed).to_numpy()
+                                   for v in seed_band(np.where(finite, y, np.nan), "iqr"))
                 dashed = bool(cell["partial"].any())
-                label = f"{names.get(est, est)} (median of {len(cell)} seeds, band: 25-75 %)" + (
-                    ", dashed: runs in progress" if dashed else "")
-                ax.plot(steps_all, 10 ** mid, "--" if dashed else "-", color=colors.get(est, "k"), lw=1.0, label=label)
-                ax.fill_between(steps_all, 10 ** lo, 10 ** hi, color=colors.get(est, "k"), alpha=0.2, lw=0)
-                marks.append((est, not_called, nonfinite))
+                label = (f"{names.get(est, est)}: median of the seeds with a norm (of {y.shape[1]}), drawn where "
+                         f">= {need} have one; band 25-75 %" + (", dashed: runs in progress" if dashed else ""))
+                at_floor = lambda v: np.where(v > 0, v, np.where(np.isnan(v), np.nan, floor))  # noqa: E731
+                ax.plot(steps_all, at_floor(mid), "--" if dashed else "-", color=color, lw=1.0, label=label)
+                ax.fill_between(steps_all, at_floor(lo), at_floor(hi), color=color, alpha=0.2, lw=0)
+                zero_rows, _ = np.nonzero(finite & (y == 0))
+                if len(zero_rows):
+                    ax.scatter(steps_all[zero_rows], np.full(len(zero_rows), floor * (1.0 + 0.12 * k)), marker=".",
+                               s=3, color=color, alpha=0.5, lw=0)
+                    shown.add("zero")
+                cells[k] = (est, cell, not_called, nonfinite)
             ax.set_yscale("log")
             bottom, top = ax.get_ylim()
-            for k, (est, not_called, nonfinite) in enumerate(marks):
-                rows, cols = np.nonzero(not_called)
+            bottom = min(bottom, floor / 1.5)
+            if window:
+                ax.axvspan(0, window - 1, color="grey", alpha=0.08, lw=0)
+            for k, (est, cell, not_called, nonfinite) in enumerate(cells):
+                rows, _ = np.nonzero(not_called)
                 if len(rows):
                     ax.scatter(steps_all[rows], np.full(len(rows), bottom * (1.15 + 0.25 * k)), marker="|", s=6,
                                color=colors.get(est, "k"), alpha=0.35, lw=0.6)
                     shown.add("not called")
-                rows, cols = np.nonzero(nonfinite)
+                rows, _ = np.nonzero(nonfinite)
                 if len(rows):
                     ax.scatter(steps_all[rows], np.full(len(rows), top / (1.15 + 0.25 * k)), marker="^", s=14,
                                color=colors.get(est, "k"))
                     shown.add("non-finite")
+                times = collapsed.reindex(cell["run"]).dropna().to_numpy(float)
+                if len(times):
+                    ax.scatter(times, np.full(len(times), top / (1.6 + 0.4 * k)), marker="v", s=10,
+                               color=colors.get(est, "k"), alpha=0.8, lw=0)
+                    shown.add("collapse")
             ax.set_ylim(bottom, top)
             ax.set_title(f"{agent}, lr {lr:g}", fontsize=8)
             if i == len(agents) - 1:
@@ -698,20 +724,28 @@ def fig_gradnorm_over_steps(data: GridData, runs: pd.DataFrame, in_progress: pd.
             if j == 0:
                 ax.set_ylabel("pre-clip grad norm")
     from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     handles, labels = axes[0][0].get_legend_handles_labels()
-    if "not called" in shown:
-        handles.append(Line2D([], [], marker="|", ls="", color="grey"))
-        labels.append("agent not called at that step (a tick per seed, at the bottom)")
-    if "non-finite" in shown:
-        handles.append(Line2D([], [], marker="^", ls="", color="grey"))
-        labels.append("non-finite norm (a logged spike, at the top)")
+    extra = {"not called": (Line2D([], [], marker="|", ls="", color="grey"),
+                            "agent not called at that step (a tick per seed, at the bottom)"),
+             "zero": (Line2D([], [], marker=".", ls="", color="grey"),
+                      "norm exactly 0 (a dot per seed at the floor; a median or band edge of 0 sits there too)"),
+             "non-finite": (Line2D([], [], marker="^", ls="", color="grey"), "non-finite norm (a logged spike, at the top)"),
+             "collapse": (Line2D([], [], marker="v", ls="", color="grey"), "a run's collapse step (one notch per run)")}
+    for key, (handle, text) in extra.items():
+        if key in shown:
+            handles.append(handle)
+            labels.append(text)
+    if window:
+        handles.append(Patch(color="grey", alpha=0.15))
+        labels.append(f"steps 0-{window - 1} (the window C3 reads)")
     task = task_of(data)
     fig.suptitle(f"{task.capitalize()} system, non-sharing: per-agent pre-clip gradient norm, GRPO vs Dr. MAS "
                  f"(rolling median of {ROLL} steps over seeds)", fontsize=9)
     finish(fig)
     fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=6, frameon=False)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig
 
 

@@ -260,3 +260,30 @@ def test_the_committed_report_labels_the_confirmatory_verdicts_c1_to_c5_and_says
     assert list(confirm.LABELS) == list(confirm.CLAIMS)
     for label in confirmatory:
         assert text.split(f"\n## {label} ", 1)[1].split("\n\n", 2)[1].startswith("*Terms:* "), label
+
+
+def test_c2_is_the_cmh_test_the_rule_names_without_a_continuity_correction():
+    """C2's rule names a Cochran-Mantel-Haenszel test and no continuity correction; the corrected p is kept beside it
+    (docs/stability.md, "Deviations")."""
+    from statsmodels.stats.contingency_tables import StratifiedTable
+
+    rows = []
+    hits = {(2.8e-4, confirm.GRPO): 4, (2.8e-4, confirm.DRMAS): 1, (4e-4, confirm.GRPO): 5, (4e-4, confirm.DRMAS): 3}
+    for (lr, est), k in hits.items():
+        rows += [{"lr": lr, "estimator": est, "abandoned": "answer" if i < k else "", "agents": "search,answer"}
+                 for i in range(6)]
+    c2 = confirm.abandonment(pd.DataFrame(rows)).set_index("agent")
+    tables = [np.array([[4, 2], [1, 5]], float), np.array([[5, 1], [3, 3]], float)]
+    st = StratifiedTable(tables)
+    assert c2.loc["any", "p"] == pytest.approx(st.test_null_odds(correction=False).pvalue / 2, rel=1e-12)
+    assert c2.loc["any", "p_continuity_corrected"] == pytest.approx(st.test_null_odds(correction=True).pvalue / 2)
+    assert c2.loc["any", "p"] < c2.loc["any", "p_continuity_corrected"]
+
+
+def test_the_committed_summary_records_what_the_round_measured_and_its_two_split_twin_pairs():
+    """The Record section recomputes docs/stability.md's reading from the run folders: no run rose before its
+    collapse, and the two twin pairs drawn on different machines are named."""
+    text = (Path(__file__).resolve().parents[1] / "results/stability_confirm/summary.md").read_text()
+    assert "slope > 0, one-sided p < 0.05): 0 of 48" in text
+    assert "22 of 24; differing: clip_dial arm 0.0004 seed 1002, main arm 0.00057 seed 1002" in text
+    assert "## Deviations from the written rules" in text
