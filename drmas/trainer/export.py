@@ -10,8 +10,7 @@ the sha256 manifest; and ``drmas_export.json`` (what was exported, from which ch
 What is refused, with one line and before anything is written: a folder that is not a run folder, a run in progress
 (its lock is held), a checkpoint without a manifest (unverified), one that fails verification or holds a pickled
 object (:meth:`RunCheckpoints.load`), a run killed while checkpointing (``drmas train`` recovers it on resume),
-an openrlhf run (its worker state is a DeepSpeed checkpoint; that backend saves Hugging Face folders itself,
-``save_models``), and a ``--out`` folder that holds something other than an earlier export. ``DIR`` is written
+an openrlhf run (its worker state points to a DeepSpeed checkpoint, which this command does not read yet), and a ``--out`` folder that holds something other than an earlier export. ``DIR`` is written
 in a temporary folder beside it and renamed into place (:func:`drmas.io.atomic_folder`): a reader sees the whole
 export or the previous one.
 
@@ -71,8 +70,8 @@ def export_run(run_dir: str | Path, out: str | Path | None = None) -> dict[str, 
         for key, state in states.items():
             if "model" not in state:
                 raise ConfigError(f"{checkpoints.latest / f'worker_{key}.pt'} points to a DeepSpeed checkpoint "
-                                  f"(train.backend={cfg.train.backend}); drmas export reads the local and ray backends' "
-                                  "checkpoints; the openrlhf backend writes Hugging Face folders itself (save_models)")
+                                  f"(train.backend={cfg.train.backend}); drmas export reads the checkpoints of the "
+                                  "local and ray backends, not yet the openrlhf backend's")
         evals = _evaluations(run_dir, step)
         identity = (read_json_object(run_dir / "manifest.json") or {}).get("config_hash") or config_hash(cfg)
         with atomic_folder(out) as tmp:
