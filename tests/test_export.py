@@ -253,3 +253,21 @@ def test_no_checkpoint_code_runs_unless_the_config_names_trust_remote_code(monke
         factory.load_policy("org/model", trust_remote_code=trust)
     assert seen == [("tokenizer", False), ("model", False), ("tokenizer", False),
                     ("tokenizer", True), ("model", True), ("tokenizer", True)]
+
+
+def test_the_openrlhf_backend_refuses_a_checkpoint_that_ships_code_unless_the_config_trusts_it(tmp_path):
+    """OpenRLHF's own loaders pass trust_remote_code=True: a checkpoint declaring classes of its own (auto_map) is
+    refused before any actor starts, unless ``models.<key>.trust_remote_code`` asks for it."""
+    from drmas.config import ConfigError
+    from drmas.workers.openrlhf.backend import refuse_checkpoint_code
+
+    shipped = ROOT / "results" / "sft" / "math" / "base_tiny"
+    refuse_checkpoint_code("m", str(shipped), False)  # no code of its own
+    coded = tmp_path / "coded"
+    shutil.copytree(shipped, coded)
+    config = json.loads((coded / "config.json").read_text())
+    (coded / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoModelForCausalLM": "mine.Model"}}))
+    with pytest.raises(ConfigError, match=r"models\.m\.path=.*config\.json declares its own code .*"
+                                          r"models\.m\.trust_remote_code=true"):
+        refuse_checkpoint_code("m", str(coded), False)
+    refuse_checkpoint_code("m", str(coded), True)

@@ -42,12 +42,14 @@ import logging
 import math
 import os
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from drmas.algos import ControlTokens
 from drmas.checkpoints import CheckpointDamaged, refused_pickle
+from drmas.config import ConfigError
 from drmas.rollout.base import Generation, SamplingParams, make_engine
 from drmas.rollout.vllm_engine import VLLMRolloutEngine, generation_config_eos
 from drmas.workers.openrlhf import cpu_compat, seam, sync_check
@@ -279,6 +281,33 @@ def _load_tokenizer(path: str, trust_remote_code: bool) -> Any:
     return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
 
 
+CODE_FILES = ("config.json", "tokenizer_config.json")
+"""Where a checkpoint declares classes of its own (``auto_map``): code transformers would run to load it."""
+
+
+def refuse_checkpoint_code(key: str, path: str, trust_remote_code: bool) -> None:
+    """Stop before any actor starts when checkpoint ``path`` ships its own code (an ``auto_map`` in
+    :data:`CODE_FILES`) and the config does not ask to run it: OpenRLHF's actor and tokenizer loaders pass
+    ``trust_remote_code=True`` themselves. Reads the two JSON files only (a hub id: downloaded, not run)."""
+    if trust_remote_code:
+        return
+    import json
+
+    from transformers.utils import cached_file
+
+    for name in CODE_FILES:
+        try:
+            found = cached_file(path, name, _raise_exceptions_for_missing_entries=False)
+        except OSError:
+            continue
+        declared = json.loads(Path(found).read_text()).get("auto_map") if found else None
+        if declared:
+            raise ConfigError(f"models.{key}.path={path}: its {name} declares its own code (auto_map: "
+                              f"{sorted(declared) if isinstance(declared, dict) else declared}), which OpenRLHF would "
+                              f"run when it loads the checkpoint; set models.{key}.trust_remote_code=true if you have "
+                              "read that code, or use a checkpoint without it")
+
+
 def _rank_device() -> Any:
     """This DeepSpeed rank's device, from DeepSpeed's accelerator: ``cuda:<i>`` on a GPU, ``cpu`` in CPU mode
     (:mod:`drmas.workers.openrlhf.cpu_compat`)."""
@@ -464,6 +493,8 @@ class OpenRLHFBackend:
         from ray.util.placement_group import placement_group
 
         seam.require_openrlhf_api(strict_version=False)
+        for key, spec in specs.items():  # OpenRLHF's actors load every checkpoint with trust_remote_code=True
+            refuse_checkpoint_code(key, spec.model.path, spec.model.trust_remote_code)
         self.settings = {key: seam.group_settings(spec) for key, spec in specs.items()}
         if CPU_MODE:  # vLLM engines sync through cpu_compat's gloo group and worker extension; no sleep mode
             self.settings = {k: dataclasses.replace(s, enable_sleep=False) for k, s in self.settings.items()}
