@@ -35,6 +35,7 @@ PROMPTS = ["<|im_start|>user\nWhat is 3 + 4?<|im_end|>\n<|im_start|>assistant\n"
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
+    """A finished 1-step math run (Solver untied, Verifier tied) and its export."""
     tmp = tmp_path_factory.mktemp("export_vllm")
     model, tok = load_policy(BASE)
     config = copy.deepcopy(model.config)
