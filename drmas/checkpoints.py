@@ -31,6 +31,12 @@ class CheckpointDamaged(RuntimeError):
     """A checkpoint file does not match its manifest (the message names the file)."""
 
 
+def refused_pickle(exc: Exception) -> str:
+    """What ``torch.load(weights_only=True)`` refused in a file, in one clause (its ``UnpicklingError``'s first
+    sentence, e.g. ``Unsupported global: GLOBAL builtins.exec was not an allowed global by default``)."""
+    return str(exc).split("WeightsUnpickler error: ")[-1].splitlines()[0].split(". ")[0]
+
+
 class CheckpointMismatch(RuntimeError):
     """A base checkpoint was built from another ``sft`` block than the config's."""
 

@@ -4,6 +4,7 @@
     drmas sft CONFIG.yaml [overrides]               only the warm-up
     drmas eval RUN_DIR [overrides]                  evaluation of a finished run's checkpoint
     drmas summary RUN_DIR                           a run's evaluations, step time, files; summary.md with curves
+    drmas export RUN_DIR [--out DIR]                each model of the run as a Hugging Face folder
     drmas config show CONFIG.yaml [overrides]       the effective config, each field with its description
     drmas config list                               the shipped configs
     drmas env                                       versions and devices, for a bug report
@@ -18,10 +19,12 @@ import os
 import sys
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 from drmas.config import ConfigError, load_config
 from drmas.config.identity import STALE_POLICIES
 from drmas.preflight import check_before_work
+from drmas.progress import quiet_third_party_progress
 from drmas.shutdown import children_end_with_me
 
 
@@ -139,6 +142,29 @@ def cmd_summary(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write each model of a run's latest checkpoint as a Hugging Face folder (:mod:`drmas.trainer.export`)."""
+    from drmas.trainer.export import export_run
+
+    for key, folder in export_run(args.run_dir, args.out).items():
+        print(f"{key}: {folder}")
+    return 0
+
+
+def _add_export_parser(sub: Any) -> None:
+    p = sub.add_parser("export", help="each model of a run as a Hugging Face folder (transformers, vLLM)",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Write the run's latest checkpoint as one Hugging Face model folder per model "
+                                   "(safetensors, config.json, generation config, the run's tokenizer, a model card), "
+                                   "under --out (default RUN_DIR/export), atomically. A run in progress, or a "
+                                   "damaged or unverified checkpoint, is refused (docs/training.md: train, export, load "
+                                   "in transformers, serve with vLLM).\n\nexample:\n  drmas export runs/run")
+    p.add_argument("run_dir", help="a run folder with a checkpoint (checkpoints/latest)")
+    p.add_argument("--out", default=None, help="the export folder (default RUN_DIR/export); an earlier export "
+                                               "there is replaced, anything else is refused")
+    p.set_defaults(func=cmd_export)
+
+
 def cmd_config_show(args: argparse.Namespace) -> int:
     from drmas.config.describe import describe_config
     from drmas.config.loader import import_plugins
@@ -177,6 +203,7 @@ examples:
   drmas config list                                                         # the shipped configs
   drmas eval runs/grpo                                                      # evaluate a run's latest checkpoint
   drmas summary runs/grpo                                                   # its evaluations, files; summary.md
+  drmas export runs/grpo                                                    # its models for transformers / vLLM
   drmas env                                                                 # versions and devices, for a bug report
 
 the whole suite (grid, tables, figures, REPORT.md):  bash experiments/run_all.sh
@@ -234,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(prog="drmas", description=MAIN_HELP, formatter_class=raw)
     parser.add_argument("--log-level", default="info", help="debug, info (default), warning or error")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,sft,eval,summary,config,env,data}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,sft,eval,summary,export,config,env,data}")
     for name, helptext in (("train", "SFT warm-up of missing base models, then RL"), ("sft", "only the SFT warm-up")):
         p = sub.add_parser(name, help=helptext, description=f"{helptext}.\n\n{OVERRIDE_HELP}", formatter_class=raw)
         p.add_argument("config", help="YAML run config, e.g. experiments/configs/cpu/math_base.yaml")
@@ -265,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(summary.png).\n\nexample:\n  drmas summary runs/run")
     p.add_argument("run_dir", help="a run folder (holds config.yaml), finished or not")
     p.set_defaults(func=cmd_summary)
+    _add_export_parser(sub)
     p = sub.add_parser("config", help="show a config with its field descriptions, list the shipped ones")
     config_sub = p.add_subparsers(dest="config_command", required=True)
     show = config_sub.add_parser("show", help="the effective config, each field with its description",
@@ -306,6 +334,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     _setup_logging(args.log_level)
+    if args.log_level.lower() != "debug":  # drmas's own progress only; --log-level debug keeps the libraries' bars
+        quiet_third_party_progress()
     try:
         with children_end_with_me():  # SIGTERM/SIGINT end the SFT workers, grader and Ray processes too
             return args.func(args)

@@ -5,6 +5,10 @@ ETA, e.g. ``rl 12/200 (6%) 2.31 s/step, elapsed 0:27, ETA 7:14, reward=0.312``.
 
 Environment: ``DRMAS_PROGRESS`` set (not empty, not ``0``) draws the bar even off a terminal;
 ``DRMAS_PROGRESS_EVERY`` is the interval of the log lines, in seconds.
+
+Third-party progress output (transformers' ``Loading weights`` and ``Writing model shards`` bars, huggingface_hub's
+downloads) is off in drmas commands below ``--log-level debug`` (:func:`quiet_third_party_progress`), so that the
+terminal shows drmas's own progress only.
 """
 from __future__ import annotations
 
@@ -22,6 +26,19 @@ BAR_ENV = "DRMAS_PROGRESS"
 EVERY_ENV = "DRMAS_PROGRESS_EVERY"
 DEFAULT_EVERY = 30.0
 """Seconds between two progress log lines off a terminal."""
+
+
+QUIET_THIRD_PARTY_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+"""What turns third-party progress bars off: read by huggingface_hub and transformers at import, in this process
+and in every process it starts (SFT workers, Ray actors); a value the user set is kept."""
+
+
+def quiet_third_party_progress() -> None:
+    """Third-party progress bars off (:data:`QUIET_THIRD_PARTY_ENV`), also where transformers is already imported."""
+    for key, value in QUIET_THIRD_PARTY_ENV.items():
+        os.environ.setdefault(key, value)
+    if os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") == "1" and "transformers.utils.logging" in sys.modules:
+        sys.modules["transformers.utils.logging"].disable_progress_bar()
 
 
 def wants_bar(environ: Mapping[str, str] = os.environ, stream: Any = sys.stderr) -> bool:

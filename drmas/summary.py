@@ -81,7 +81,7 @@ class RunSummary:
         run = str(self.run_dir)
         out = [f"tensorboard --logdir {run}/tb"] if self.tensorboard else []
         if self.checkpoint_step:
-            out.append(f"drmas eval {run}")
+            out += [f"drmas eval {run}", f"drmas export {run}"]
         return [*out, f"drmas summary {run}"]
 
 

@@ -1,8 +1,11 @@
 """Shared pytest fixtures."""
 from __future__ import annotations
 
+import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -30,3 +33,18 @@ def shared_data():
         pytest.skip(f"public benchmark data not found at {path} (set DRMAS_SHARED_DATA or run "
                     f"`drmas data prepare`); skipping tests that read it")
     return path
+
+
+@contextmanager
+def held_by_another_process(folder: Path) -> Iterator[subprocess.Popen]:
+    """A live process holding ``folder``'s lock (``drmas.locks.folder_lock``) for the ``with`` body."""
+    holder = subprocess.Popen([sys.executable, "-c", "import sys\nfrom drmas.locks import folder_lock\n"
+                               f"with folder_lock({str(folder)!r}, 'run folder'):\n    print('held', flush=True)\n"
+                               "    sys.stdin.read()"], cwd=Path(__file__).resolve().parents[1],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield holder
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)

@@ -12,6 +12,7 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
+from conftest import held_by_another_process
 
 from drmas.cli import main
 from drmas.config import ConfigError, dump_config, load_config
@@ -89,18 +90,10 @@ def test_a_later_record_of_the_same_evaluation_replaces_the_earlier_one():
 
 def test_a_run_held_by_a_live_process_reads_as_in_progress(tmp_path):
     run = _synthetic(tmp_path, done=False)
-    holder = subprocess.Popen([sys.executable, "-c", "import sys\nfrom drmas.locks import folder_lock\n"
-                               f"with folder_lock({str(run)!r}, 'run folder'):\n    print('held', flush=True)\n"
-                               "    sys.stdin.read()"], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with held_by_another_process(run) as holder:
         s = read_summary(run)
         assert s.state == "in progress" and f"pid {holder.pid}" in s.holder
         assert s.progress.startswith("in progress: step 3 of 5 (pid ")
-    finally:
-        holder.stdin.close()
-        holder.wait(timeout=60)
     assert read_summary(run).state == "stopped"
 
 
@@ -113,6 +106,7 @@ def test_drmas_train_ends_with_the_summary(tiny_run):
     assert "  average  " in printed and "s/step over 2 steps" in printed
     for shown in (f"  checkpoint   {run}/checkpoints/latest (step 2)", f"  tensorboard  {run}/tb",
                   f"  metrics      {run}/metrics.jsonl", f"  tensorboard --logdir {run}/tb", f"  drmas eval {run}",
+                  f"  drmas export {run}",
                   f"  drmas summary {run}"):
         assert shown in lines, shown
     s = read_summary(run)

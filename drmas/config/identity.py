@@ -17,6 +17,7 @@ Not part of the identity (:data:`IGNORED`), because they do not change what a st
 - ``train.allow_unusual_lr``: lets a config through validation; the learning rates themselves are identity;
 - ``train.loggers``: where the metrics are also sent (TensorBoard, W&B); ``metrics.jsonl`` is always written;
 - ``models.*.resources.checkpoint_dir``: derived from the run folder;
+- ``models.*.trust_remote_code``: a permission to run a checkpoint's own code, not a setting of what it computes;
 - ``models.*.rollout.engine``: which loop draws the samples from the same policy. ``fast`` and ``hf`` draw the same
   tokens from the same generator state (``tests/test_fast_rollout.py``), so a run made with one is the same run with
   the other, and the grids committed with ``hf`` stay valid under the ``fast`` default (as a run is the same run on a
@@ -55,7 +56,7 @@ logger = logging.getLogger(__name__)
 
 IGNORED = ("name", "out_dir", "train.device", "train.backend", "train.threads", "train.save_every", "train.keep_previous_checkpoint",
            "train.allow_unusual_lr", "train.loggers", "train.max_tool_failure_rate", "train.verify_artifacts",
-           "models.*.resources.checkpoint_dir", "models.*.rollout.engine")
+           "models.*.resources.checkpoint_dir", "models.*.rollout.engine", "models.*.trust_remote_code")
 """Dotted keys (``*``: any model key) that are not part of a run's identity (see the module docstring)."""
 GROWABLE = ("train.steps",)
 """Keys that may grow on an existing run folder (a run continued to more steps)."""

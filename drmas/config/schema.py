@@ -173,6 +173,10 @@ class ModelConfig(Strict):
                                          description="how this worker group generates")
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="GPUs and DeepSpeed settings "
                                        "(openrlhf backend)")
+    trust_remote_code: bool = Field(False, description="let transformers and vLLM run the Python code a hub "
+                                    "checkpoint at `path` ships (its own tokenizer or model class); only for "
+                                    "checkpoints whose code you have read. Off: such a checkpoint is refused by "
+                                    "transformers, and no code from a checkpoint runs")
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelConfig":

@@ -32,6 +32,8 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     Qwen2Config,
@@ -147,9 +149,10 @@ def count_parameters(model: torch.nn.Module) -> int:
 
 
 def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: str | Path,
-                built_by: dict | None = None) -> Path:
-    """Write model (safetensors + config), tokenizer and sha256 manifest (``drmas.checkpoints``, with
-    ``built_by`` when given: what built it) to ``folder`` atomically.
+                built_by: dict | None = None, extra_files: dict[str, str] | None = None) -> Path:
+    """Write model (safetensors + config + generation config), tokenizer, ``extra_files`` (name -> text, e.g. a
+    model card) and sha256 manifest (``drmas.checkpoints``, with ``built_by`` when given: what built it) to
+    ``folder`` atomically.
 
     Everything goes to a temporary sibling folder that is renamed onto ``folder`` at the end
     (:func:`drmas.io.atomic_folder`), so a reader never sees a half-written checkpoint; an existing
@@ -162,26 +165,60 @@ def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, fold
             save_tokenizer(tokenizer, tmp)
         else:
             tokenizer.save_pretrained(str(tmp))
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
         write_manifest(tmp, **({"built_by": built_by} if built_by else {}))
     return folder
 
 
+def llama_equivalent(model: Qwen2ForCausalLM) -> LlamaForCausalLM:
+    """The same function as the Qwen2 ``model``, as a ``LlamaForCausalLM``: Qwen2 is Llama with biases on the
+    query, key and value projections, which Llama's ``attention_bias`` adds together with one on the output
+    projection, set here to zero. Every weight is copied (``tests/test_export.py``: equal logits).
+
+    Why: ``AutoTokenizer`` on a folder whose config says ``qwen2`` always builds ``Qwen2Tokenizer``, whose NFC
+    normalizer drmas's tokenizer does not have (:mod:`drmas.models.tokenizer`); beside a Llama config it reads
+    ``tokenizer.json`` as written. Sliding-window attention (not used by the presets) has no Llama form."""
+    c = model.config
+    if getattr(c, "use_sliding_window", False):
+        raise ValueError("a Qwen2 model with sliding-window attention has no Llama equivalent")
+    config = LlamaConfig(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads, head_dim=c.hidden_size // c.num_attention_heads,
+        hidden_act=c.hidden_act, max_position_embeddings=c.max_position_embeddings, rms_norm_eps=c.rms_norm_eps,
+        rope_parameters=c.rope_parameters, tie_word_embeddings=c.tie_word_embeddings, attention_bias=True,
+        mlp_bias=False, attention_dropout=c.attention_dropout, eos_token_id=c.eos_token_id,
+        pad_token_id=c.pad_token_id, bos_token_id=c.bos_token_id, use_cache=True)
+    config._attn_implementation = c._attn_implementation
+    weights = dict(model.state_dict())
+    for i in range(c.num_hidden_layers):
+        weights[f"model.layers.{i}.self_attn.o_proj.bias"] = torch.zeros(c.hidden_size, dtype=model.dtype)
+    llama = LlamaForCausalLM(config).to(dtype=model.dtype, device=model.device)
+    llama.load_state_dict(weights, strict=True)
+    llama.generation_config = model.generation_config
+    return llama.train(model.training)
+
+
 def load_policy(
     path_or_dir: str | Path, dtype: torch.dtype = torch.float32, attn_implementation: AttnImplementation = "sdpa",
-    device: torch.device | str = "cpu",
+    device: torch.device | str = "cpu", trust_remote_code: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a policy saved by :func:`save_policy` or a real checkpoint (a folder or a hub name; any
     causal-LM architecture transformers knows, e.g. Qwen2.5/Qwen3/Llama-3.2 for the paper runs), its
     weights on ``device``.
 
     The tokenizer comes from :func:`~drmas.models.tokenizer.load_tokenizer` when the folder carries the
-    drmas marker, else from ``AutoTokenizer`` (real checkpoints). Returned in train mode.
+    drmas marker, else from ``AutoTokenizer`` (real checkpoints). A checkpoint's own Python code (a hub model
+    or tokenizer class) runs only with ``trust_remote_code`` (``models.<key>.trust_remote_code``). Returned in
+    train mode.
     """
-    model = AutoModelForCausalLM.from_pretrained(str(path_or_dir), dtype=dtype, attn_implementation=attn_implementation)
+    model = AutoModelForCausalLM.from_pretrained(str(path_or_dir), dtype=dtype, attn_implementation=attn_implementation,
+                                                 trust_remote_code=trust_remote_code)
     model.to(device)
     if Path(path_or_dir).is_dir() and is_drmas_tokenizer_folder(path_or_dir):
         tokenizer = load_tokenizer(path_or_dir)
     else:
-        tokenizer = AutoTokenizer.from_pretrained(str(path_or_dir))
+        tokenizer = AutoTokenizer.from_pretrained(str(path_or_dir), trust_remote_code=trust_remote_code)
     model.train()
     return model, tokenizer

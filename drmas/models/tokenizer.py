@@ -24,7 +24,9 @@ transformers 5.24 (recorded by ``tests/test_models_tokenizer.py::test_autotokeni
   ``ByteLevel`` regex) is silently re-tokenized with Qwen2's pipeline: other ids for the same text.
 
 :func:`drmas.models.factory.load_policy` therefore uses :func:`load_tokenizer` whenever a folder
-carries :data:`MARKER_FILE`, and ``AutoTokenizer`` only for real (hub-format) checkpoints.
+carries :data:`MARKER_FILE`, and ``AutoTokenizer`` only for real (hub-format) checkpoints. ``drmas export``
+(:mod:`drmas.trainer.export`), whose folders are read by ``AutoTokenizer`` and vLLM, writes such a model as the
+equal Llama model, beside whose config ``AutoTokenizer`` reads ``tokenizer.json`` as written.
 """
 from __future__ import annotations
 

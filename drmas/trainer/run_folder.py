@@ -8,6 +8,13 @@ Layout of ``<run>/checkpoints/``::
     latest.tmp/    a checkpoint being written (complete once its manifest parses)
     latest.old/    the previous one during rotation; kept when ``train.keep_previous_checkpoint``
     latest.damaged-<k>/  a ``latest`` that failed verification, set aside when ``latest.old`` could replace it
+
+A worker state holds tensors and plain containers only (model, optimizer and scheduler states, counters; the
+openrlhf backend's: where its DeepSpeed checkpoint is). It is read with ``torch.load(weights_only=True)``, which
+rebuilds exactly those and refuses any other pickled object unread (:func:`load_worker_state`): the manifest
+proves that a file is the one written, not that it is safe to unpickle, so a planted payload in a run folder
+shared by someone else never runs. Every checkpoint drmas writes has always held only such values, so older
+checkpoints load unchanged.
 """
 from __future__ import annotations
 
@@ -16,12 +23,14 @@ import logging
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
+from pickle import UnpicklingError
 from typing import Any, Iterator
 
 import torch
 
 from drmas.algos import first_nonfinite
-from drmas.checkpoints import MANIFEST_NAME, CheckpointDamaged, read_manifest, verify_checkpoint, write_manifest
+from drmas.checkpoints import (MANIFEST_NAME, CheckpointDamaged, read_manifest, refused_pickle, verify_checkpoint,
+                               write_manifest)
 from drmas.config import RunConfig
 from drmas.config.identity import check_run_folder
 from drmas.io import WriteFailed, atomic_write_text
@@ -164,13 +173,25 @@ class RunCheckpoints:
         worker_states = {}
         for key in keys:
             path = self.latest / f"worker_{key}.pt"
-            worker_states[key] = torch.load(path, weights_only=False)
+            worker_states[key] = load_worker_state(path, self.latest)
             bad = first_nonfinite(worker_states[key])
             if bad is not None:  # weights or optimizer moments: the next update would spread it to every weight
                 raise CheckpointDamaged(f"{path}: {bad} holds non-finite values (NaN/inf); the run cannot resume from "
                                         f"it: delete {self.latest} to start from step 0 (or restore latest.old, kept "
                                         "with train.keep_previous_checkpoint)")
         return trainer_state, worker_states
+
+
+def load_worker_state(path: Path, latest: Path) -> dict[str, Any]:
+    """One worker state, read with ``torch.load(weights_only=True)`` (module docstring); a file holding any
+    other pickled object is refused unread, as :class:`CheckpointDamaged` naming it."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except UnpicklingError as exc:
+        raise CheckpointDamaged(f"{path}: refused unread: it holds a pickled Python object that is not a tensor or a "
+                                f"plain container ({refused_pickle(exc)}), which drmas never writes and which could run "
+                                f"code when loaded; delete {latest} to start from step 0, or restore the file drmas "
+                                "wrote") from None
 
 
 def _write_cause(exc: BaseException, path: Path) -> str:

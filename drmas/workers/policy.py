@@ -74,7 +74,8 @@ class PolicyWorker:
             raise ValueError(f"model {spec.key!r}: path {spec.model.path!r} is not a checkpoint folder; run the "
                              "SFT warm-up first (`drmas sft`, or `drmas train` does it for a missing path)")
         self.device = resolve_device(spec.device)
-        self.model, self.tokenizer = load_policy(spec.model.path, device=self.device)
+        self.model, self.tokenizer = load_policy(spec.model.path, device=self.device,
+                                                 trust_remote_code=spec.model.trust_remote_code)
         self.control_tokens = ControlTokens(self.tokenizer)
         bad = first_nonfinite(self.model.state_dict())
         if bad is not None:  # a NaN would surface later as a raw sampling error naming no file
@@ -95,7 +96,8 @@ class PolicyWorker:
         self.nonfinite_skips = 0
         self.ref_model = None
         if spec.algo.kl_coef > 0:
-            self.ref_model, _ = load_policy(spec.model.path, device=self.device)
+            self.ref_model, _ = load_policy(spec.model.path, device=self.device,
+                                            trust_remote_code=spec.model.trust_remote_code)
             self.ref_model.eval().requires_grad_(False)
 
     # ------------------------------------------------------------------------------------ rollout

@@ -41,11 +41,15 @@ import dataclasses
 import logging
 import math
 import os
-from typing import Any, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from drmas.algos import ControlTokens
+from drmas.checkpoints import CheckpointDamaged, refused_pickle
+from drmas.config import ConfigError
 from drmas.rollout.base import Generation, SamplingParams, make_engine
 from drmas.rollout.vllm_engine import VLLMRolloutEngine, generation_config_eos
 from drmas.workers.openrlhf import cpu_compat, seam, sync_check
@@ -187,9 +191,21 @@ class DrmasActorMixin:
         if self.trainer.vllm_engines is not None and dist.get_rank() == 0:
             self.trainer._init_vllm_sync_group(self.strategy.args.vllm.sync_backend)
 
-    def drmas_load_checkpoint(self, tag: str) -> bool:
+    def drmas_load_checkpoint(self, tag: str) -> bool | str:
+        """Load DeepSpeed checkpoint ``tag`` (model, optimizer, scheduler) with every file read weights-only
+        (:func:`weights_only_loads`); False: there is none; a str: the one-line refusal of a file holding another
+        pickled object, which is not unpickled."""
+        from pickle import UnpicklingError
+
         path = os.path.join(self.strategy.args.ckpt.path, "_actor")
-        loaded, _ = self.strategy.load_ckpt(self.actor.model, path, tag=tag)
+        try:
+            with weights_only_loads(DEEPSPEED_CHECKPOINT_CLASSES):
+                loaded, _ = self.strategy.load_ckpt(self.actor.model, path, tag=tag)
+        except UnpicklingError as exc:
+            return (f"{path}/{tag}: refused unread: a DeepSpeed checkpoint file holds a pickled Python object that is "
+                    "neither a tensor, a plain container nor one of DeepSpeed's checkpoint classes "
+                    f"({refused_pickle(exc)}), which could run code when loaded; delete the run's checkpoints to start "
+                    "from step 0, or restore the files DeepSpeed wrote")
         return loaded is not None
 
     def drmas_save_hf(self, folder: str) -> str:
@@ -209,21 +225,87 @@ class DrmasActorMixin:
             return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
 
 
+DEEPSPEED_CHECKPOINT_CLASSES = ("deepspeed.runtime.fp16.loss_scaler:LossScaler",
+                                "deepspeed.runtime.fp16.loss_scaler:DynamicLossScaler",
+                                "deepspeed.runtime.zero.config:ZeroStageEnum",
+                                "deepspeed.utils.tensor_fragment:fragment_address")
+"""The classes besides tensors and plain containers that DeepSpeed's ZeRO checkpoints hold (its loss scaler, the
+ZeRO stage, the parameter-slice map): data classes whose unpickling sets attributes and runs no code."""
+
+
+@contextmanager
+def weights_only_loads(classes: Sequence[str] = ()) -> Iterator[None]:
+    """Inside the block, every ``torch.load`` reads with ``weights_only=True`` (DeepSpeed's checkpoint engine asks
+    for ``weights_only=False``), allowing ``classes`` (``"module:Class"``; one that does not import is left out,
+    so a file holding it is refused): a checkpoint file that holds any other pickled object raises
+    ``pickle.UnpicklingError`` before anything in it runs."""
+    import importlib
+
+    import torch
+
+    allowed = []
+    for entry in classes:
+        module, _, name = entry.partition(":")
+        try:
+            allowed.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            continue
+    real = torch.load
+
+    def load(*args: Any, **kwargs: Any) -> Any:
+        return real(*args, **{**kwargs, "weights_only": True})
+
+    torch.load = load
+    try:
+        with torch.serialization.safe_globals(allowed):
+            yield
+    finally:
+        torch.load = real
+
+
 def _vllm_sampling_params(kwargs: dict[str, Any]) -> Any:
     import vllm
 
     return vllm.SamplingParams(**kwargs)
 
 
-def _load_tokenizer(path: str) -> Any:
-    """The checkpoint's tokenizer: drmas's own format (tiny models) or the checkpoint's (real models)."""
+def _load_tokenizer(path: str, trust_remote_code: bool) -> Any:
+    """The checkpoint's tokenizer: drmas's own format (tiny models) or the checkpoint's (real models; its own code
+    runs only where the config asks, ``models.<key>.trust_remote_code``)."""
     from drmas.models.tokenizer import is_drmas_tokenizer_folder, load_tokenizer
 
     if os.path.isdir(path) and is_drmas_tokenizer_folder(path):
         return load_tokenizer(path)
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+
+
+CODE_FILES = ("config.json", "tokenizer_config.json")
+"""Where a checkpoint declares classes of its own (``auto_map``): code transformers would run to load it."""
+
+
+def refuse_checkpoint_code(key: str, path: str, trust_remote_code: bool) -> None:
+    """Stop before any actor starts when checkpoint ``path`` ships its own code (an ``auto_map`` in
+    :data:`CODE_FILES`) and the config does not ask to run it: OpenRLHF's actor and tokenizer loaders pass
+    ``trust_remote_code=True`` themselves. Reads the two JSON files only (a hub id: downloaded, not run)."""
+    if trust_remote_code:
+        return
+    import json
+
+    from transformers.utils import cached_file
+
+    for name in CODE_FILES:
+        try:
+            found = cached_file(path, name, _raise_exceptions_for_missing_entries=False)
+        except OSError:
+            continue
+        declared = json.loads(Path(found).read_text()).get("auto_map") if found else None
+        if declared:
+            raise ConfigError(f"models.{key}.path={path}: its {name} declares its own code (auto_map: "
+                              f"{sorted(declared) if isinstance(declared, dict) else declared}), which OpenRLHF would "
+                              f"run when it loads the checkpoint; set models.{key}.trust_remote_code=true if you have "
+                              "read that code, or use a checkpoint without it")
 
 
 def _rank_device() -> Any:
@@ -313,7 +395,7 @@ class RayEnginesClient:
 
 
 def launch_engines(pg: Any, placement: seam.GroupPlacement, s: seam.GroupSettings, gpu_fraction: float,
-                   gpu_memory_utilization: float) -> list[Any]:
+                   gpu_memory_utilization: float, trust_remote_code: bool = False) -> list[Any]:
     """OpenRLHF ``RolloutRayActor`` replicas of one worker group on its planned bundles (the arguments of
     OpenRLHF's own ``create_vllm_engines``, with drmas's GPU share so that more than two models fit)."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -326,7 +408,7 @@ def launch_engines(pg: Any, placement: seam.GroupPlacement, s: seam.GroupSetting
                       worker_extension_cls="openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap",
                       tensor_parallel_size=tp, seed=s.seed + e, distributed_executor_backend="uni" if tp == 1 else "ray",
                       max_model_len=s.max_model_len, enable_prefix_caching=s.enable_prefix_caching, dtype="bfloat16",
-                      trust_remote_code=True, full_determinism=False, gpu_memory_utilization=gpu_memory_utilization,
+                      trust_remote_code=trust_remote_code, full_determinism=False, gpu_memory_utilization=gpu_memory_utilization,
                       bundle_indices=list(bundles) if tp > 1 else None, num_gpus=gpu_fraction,
                       enable_sleep_mode=s.enable_sleep)
         if CPU_MODE:  # the actor's dtype (fp32), eager, drmas's CPU weight-sync extension (cpu_compat measure 14)
@@ -358,11 +440,11 @@ def launch_group(pg: Any, s: seam.GroupSettings, gpu_fraction: float, gpu_memory
     return group
 
 
-def group_engine(client: RayEnginesClient, s: seam.GroupSettings) -> VLLMRolloutEngine:
+def group_engine(client: RayEnginesClient, s: seam.GroupSettings, trust_remote_code: bool = False) -> VLLMRolloutEngine:
     """The worker group's rollout engine over its Ray engines. Its stop ids are the tokenizer's EOS and the
     checkpoint's generation-config EOS ids, as the HF engine's (Qwen3, Llama 3 list several): the vLLM
     actors stop at all of them, and a response must end with the stop token the model emitted."""
-    return VLLMRolloutEngine(client, _load_tokenizer(s.path), s.max_prompt_tokens, s.truncation, s.chat_template,
+    return VLLMRolloutEngine(client, _load_tokenizer(s.path, trust_remote_code), s.max_prompt_tokens, s.truncation, s.chat_template,
                              s.chat_template_kwargs, stop_ids=generation_config_eos(s.path))
 
 
@@ -376,12 +458,12 @@ class _Generator:
         return self.engine.generate(prompts, sampling, seed=seed, keep_stop_token=True)
 
 
-def driver_engine(s: seam.GroupSettings) -> Any:
+def driver_engine(s: seam.GroupSettings, trust_remote_code: bool = False) -> Any:
     """The ``fast`` or ``hf`` engine (``s.engine``) of worker group ``s`` in the driver process: the group's checkpoint in fp32, as the
     local backend's worker generates (its weights are replaced after every update)."""
     from drmas.models.factory import load_policy
 
-    model, tokenizer = load_policy(s.path)
+    model, tokenizer = load_policy(s.path, trust_remote_code=trust_remote_code)
     model.eval().requires_grad_(False)
     return make_engine(s.engine, model=model, tokenizer=tokenizer, max_prompt_tokens=s.max_prompt_tokens,
                        chat_template=s.chat_template, chat_template_kwargs=s.chat_template_kwargs)
@@ -411,6 +493,8 @@ class OpenRLHFBackend:
         from ray.util.placement_group import placement_group
 
         seam.require_openrlhf_api(strict_version=False)
+        for key, spec in specs.items():  # OpenRLHF's actors load every checkpoint with trust_remote_code=True
+            refuse_checkpoint_code(key, spec.model.path, spec.model.trust_remote_code)
         self.settings = {key: seam.group_settings(spec) for key, spec in specs.items()}
         if CPU_MODE:  # vLLM engines sync through cpu_compat's gloo group and worker extension; no sleep mode
             self.settings = {k: dataclasses.replace(s, enable_sleep=False) for k, s in self.settings.items()}
@@ -437,13 +521,14 @@ class OpenRLHFBackend:
         self.clients: dict[str, RayEnginesClient] = {}
         self.engines: dict[str, Any] = {}
         for key, s in self.settings.items():  # engines first: they profile GPU memory while it is free
+            trust = specs[key].model.trust_remote_code  # a checkpoint's own code runs only where the config asks
             if s.engine != "vllm":
-                self.engines[key] = driver_engine(s)
+                self.engines[key] = driver_engine(s, trust)
                 continue
             mem = s.gpu_memory_utilization or self.plan.gpu_memory_utilization
-            handles = launch_engines(self.pg, self.plan.groups[key], s, self.plan.gpu_fraction, mem)
+            handles = launch_engines(self.pg, self.plan.groups[key], s, self.plan.gpu_fraction, mem, trust)
             self.clients[key] = RayEnginesClient(handles, s.enable_sleep, key=key)
-            self.engines[key] = group_engine(self.clients[key], s)
+            self.engines[key] = group_engine(self.clients[key], s, trust)
         for client in self.clients.values():
             client.sleep()
         self.groups: dict[str, Any] = {}
@@ -558,7 +643,11 @@ class OpenRLHFBackend:
     def set_states(self, states: dict[str, dict]) -> None:
         for key, state in states.items():
             def load(key: str = key, tag: str = state["tag"]) -> None:
-                if not all(self._run(key, "drmas_load_checkpoint", tag=tag)):
+                results = self._run(key, "drmas_load_checkpoint", tag=tag)
+                refused = next((r for r in results if isinstance(r, str)), None)
+                if refused is not None:
+                    raise CheckpointDamaged(refused)
+                if not all(results):
                     raise RuntimeError(f"model {key!r}: no DeepSpeed checkpoint {tag!r} under "
                                        f"{state['deepspeed_checkpoint']}")
                 self._push_weights(key)
