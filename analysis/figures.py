@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -36,6 +36,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from drmas.algos import SpikeRule, spike_ratios
+from drmas.algos.catalog import GRPO
 
 from analysis.plotting import (BAND_LABELS, dodge, finish, flat_series, legend_below, legend_outside, mark_constant,
                                min_span, plot_median_band, plot_points, save, scale_from_span, unique_handles)
@@ -367,7 +368,7 @@ def fig_mechanism(points: pd.DataFrame) -> Figure | None:
     for (baseline, level, agent), g in points.groupby(["baseline", "level", "agent"]):
         color = cmap[levels.index(level)]
         marker = AGENT_MARKERS[agents.index(agent) % len(AGENT_MARKERS)]
-        face = color if baseline == "trajectory_grpo" else "none"
+        face = color if baseline == GRPO else "none"
         for ax, col in ((ax_n, "ratio"), (ax_a, "a2_ratio")):
             ax.scatter(g["factor"], g[col], marker=marker, facecolors=face, edgecolors=color, s=28, zorder=3)
     top = max(float(points["factor"].max()), 1.5) * 1.15
@@ -394,7 +395,7 @@ def fig_class_aware(points: pd.DataFrame) -> Figure | None:
     """Measured grad-norm ratio trajectory GRPO / Dr. MAS against its two predictions, per (level, seed, agent)
     of the mechanism sweep: the paper's √F (left) and the class-aware √(class factor) (right); one marker per
     agent, one colour per level (see analysis/class_aware.py). None without the class-aware metrics."""
-    p = points[points["baseline"] == "trajectory_grpo"] if len(points) else points
+    p = points[points["baseline"] == GRPO] if len(points) else points
     if p.empty or "pred_class" not in p or not np.isfinite(p["pred_class"].astype(float)).any():
         return None
     fig = _figure(10, 4.2)

@@ -19,14 +19,13 @@ from drmas.io import atomic_write_text
 
 from analysis import figures as figs
 from analysis.figures import GRADNORM_FIGURES
-from analysis.claims import (FINDING, NEEDS_GPU, NOT_PRODUCED, NOT_REPRODUCED, NOT_RUN, REPRODUCED, ClaimSpec, Judged,
-                             Study)
+from analysis.claims import FINDING, NEEDS_GPU, NOT_REPRODUCED, NOT_RUN, REPRODUCED, ClaimSpec, Judged, Study
 from analysis.class_aware import RULE as CLASS_RULE
 from analysis.class_aware import claim_lemma_classes, class_points
 from analysis.formatting import fmt_ci, fmt_gain, fmt_pts, fmt_ratio, write_table
 from analysis.mechanism import FACTOR_REGIME, MIN_POINTS, claim_lemma
 from analysis.runs import GridData, describe_scale, final_evals
-from analysis.stats import N_BOOT, kendall_tau, spearman
+from analysis.stats import N_BOOT, kendall_tau
 from analysis.tables import (ABLATION, ABLATION_ONLY, DATA, HEADLINE_POINTS, PAIRS, PAPER_ABLATION_ORDER,
                              TABLE_OF_TASK, VARIANT, ablation_long, ablation_seeds, ablation_table, accuracy_long,
                              accuracy_table, average_comparison, efficiency_long, efficiency_summary, gradnorm_pairs,

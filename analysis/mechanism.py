@@ -31,7 +31,7 @@ from drmas.algos.catalog import DRMAS, GRPO
 from analysis.claims import NOT_PRODUCED, NOT_REPRODUCED, NOT_RUN, REPRODUCED, Judged
 from analysis.figures import GRADNORM_FIGURES
 from analysis.runs import GridData
-from analysis.stats import spearman
+from analysis.stats import ALPHA, spearman
 
 FACTOR_REGIME = 2.0  # a mean factor from which the predicted second-moment inflation is "large"
 MIN_POINTS = 12  # fewest (level, seed, agent) points a verdict rests on
@@ -122,8 +122,8 @@ def mechanism_verdict(points: pd.DataFrame, baseline: str = GRPO) -> MechanismVe
         verdict, reason = NOT_RUN, f"{len(p)} points < {MIN_POINTS}"
     elif not fmax >= FACTOR_REGIME:
         verdict, reason = NOT_PRODUCED, f"largest mean factor {fmax:.2f} < {FACTOR_REGIME:g}: no heterogeneity to test"
-    elif np.isfinite(rho) and rho > 0 and pv < 0.05:
-        verdict, reason = REPRODUCED, f"rho = {rho:.2f} > 0 with p = {pv:.2g} < 0.05"
+    elif np.isfinite(rho) and rho > 0 and pv < ALPHA:
+        verdict, reason = REPRODUCED, f"rho = {rho:.2f} > 0 with p = {pv:.2g} < {ALPHA:g}"
     else:
         verdict, reason = NOT_REPRODUCED, f"rho = {rho:.2f}, p = {pv:.2g}"
     per_agent = {agent: (len(g), *spearman(g["factor"], g["ratio"])) for agent, g in p.groupby("agent")}
@@ -178,7 +178,7 @@ def claim_lemma(an) -> Judged:
     elif fmax < FACTOR_REGIME:
         verdict = NOT_PRODUCED
     else:
-        verdict = REPRODUCED if np.isfinite(rho) and rho > 0 and pv < 0.05 else NOT_REPRODUCED
+        verdict = REPRODUCED if np.isfinite(rho) and rho > 0 and pv < ALPHA else NOT_REPRODUCED
     return Judged(title, paper, ours, verdict, paper_headline=LEMMA_HEADLINE, figures=GRADNORM_FIGURES, short=LEMMA_SHORT,
                   headline=f"rho(factor, grad-norm ratio) = {rho:.2f} (p = {pv:.2g}), {len(p)} pairs"
                   if np.isfinite(rho) else "")

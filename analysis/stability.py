@@ -23,13 +23,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats as sps
 
 from drmas.algos.catalog import DRMAS, GRPO
 from drmas.io import atomic_write_text
 
-from analysis.claims import (EXPLORATORY, INCONCLUSIVE, MIXED, NO_DIFFERENCE, NOT_REPRODUCED, NOT_RUN, REFUTED,
-                             REPRODUCED, SUPPORTED, UNDERPOWERED, ClaimSpec, Judged, Option, Study, incomplete)
+from analysis.claims import (EXPLORATORY, MIXED, NO_DIFFERENCE, NOT_REPRODUCED, NOT_RUN, REPRODUCED, UNDERPOWERED,
+                             ClaimSpec, Judged, Option, Study, incomplete)
 from analysis.cli import load_optional, missing_paths
 from analysis.events import finished, grid_status
 from analysis.formatting import markdown

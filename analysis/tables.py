@@ -23,6 +23,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from drmas.algos.catalog import DRMAS, GRPO
+
 from analysis.claims import NOT_RUN
 from analysis.formatting import fmt_ci, fmt_gain, fmt_pct
 from analysis.runs import GridData, benchmarks_of, setting_of
@@ -56,10 +58,10 @@ class Variant:
 
 
 ABLATION = (
-    Variant("trajectory_grpo", "(mu,sigma) = GRPO", "nonsharing:(mu,sigma)=grpo"),
+    Variant(GRPO, "(mu,sigma) = GRPO", "nonsharing:(mu,sigma)=grpo"),
     Variant("drmas_mean_only", "(mu_k,sigma)", "nonsharing:(mu_k,sigma)"),
     Variant("drmas_std_only", "(mu,sigma_k)", "nonsharing:(mu,sigma_k)"),
-    Variant("drmas", "(mu_k,sigma_k) = Dr. MAS", "nonsharing:(mu_k,sigma_k)=drmas"),
+    Variant(DRMAS, "(mu_k,sigma_k) = Dr. MAS", "nonsharing:(mu_k,sigma_k)=drmas"),
     Variant("pooled_grpo", "pooled step-level (mu,sigma)", None),
     # the reference code's ablation branch (langfengQ/DrMAS@72d1dbc, docs/algorithms.md): the mean from one level,
     # the std from another, both inside each (task, agent) group; none of them is a paper column
@@ -70,7 +72,7 @@ ABLATION = (
 """Table 3's rows in table order; look one up by estimator with :data:`VARIANT`, never by position. A row not in
 the paper (``paper`` None) is left out of the tables where the grid did not run it."""
 VARIANT = {v.estimator: v for v in ABLATION}
-ABLATION_ONLY = tuple(v.ours for v in ABLATION if v.estimator not in ("trajectory_grpo", "drmas"))
+ABLATION_ONLY = tuple(v.ours for v in ABLATION if v.estimator not in (GRPO, DRMAS))
 """Our setting tags of the variants that run only for the ablation (Tables 1-2 use GRPO and Dr. MAS)."""
 PAPER_ABLATION_ORDER = ("(mu_k,sigma_k) = Dr. MAS", "(mu,sigma_k)", "(mu_k,sigma)", "(mu,sigma) = GRPO")
 
@@ -331,7 +333,7 @@ def ablation_long(final: pd.DataFrame, paper: pd.DataFrame, task: str, rng: np.r
     ran = set(final.loc[final["task"] == task, "setting"])
     variants = [v for v in ABLATION if v.paper is not None or v.ours in ran]
     acc = accuracy_long(final, task, rng, n_boot, settings=[v.ours for v in variants], seeds=seeds)
-    base = VARIANT["trajectory_grpo"].ours
+    base = VARIANT[GRPO].ours
     pairs = {v.ours: (v.ours, base) for v in variants if v.ours != base}
     f = final[(final["task"] == task) & final["seed"].isin(seeds)]
     deltas = paired_long(f, task, pairs, rng, n_boot)
