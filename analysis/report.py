@@ -29,7 +29,8 @@ from analysis import confirm, main_grid, stability, sweep
 from analysis.claims import Claim, Inputs, Study
 from analysis.cli import missing_paths, parse_dataclass_args
 from analysis.integrity import data_problems_section
-from analysis.runs import GridData, GridLoadError, describe_scale, load_grid
+from analysis.runs import GridData, GridLoadError, load_grid
+from analysis.views import describe_scale
 from analysis.stats import N_BOOT
 from analysis.tables import PRICES_YAML
 

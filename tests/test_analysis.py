@@ -16,7 +16,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from analysis.runs import final_evals, load_grid, run_averages
+from analysis.runs import load_grid
+from analysis.views import final_evals, run_averages
 from analysis.stats import (average_interval, bootstrap_ci, grad_norm_summary, kendall_tau, paired_test, pass_at_k,
                             task_scores)
 from analysis.tables import (DATA, headline_gain, load_paper, load_prices, paper_averages, paper_gain)
