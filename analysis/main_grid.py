@@ -403,10 +403,6 @@ CLAIMS = (
 """The main grid's claims (a-f) in REPORT.md order; each carries its rule, its inputs and its verdict function."""
 
 
-def build_claims(an: Analysis) -> list[Claim]:
-    return [spec.evaluate(an) for spec in CLAIMS]
-
-
 
 # ------------------------------------------------------------------------------------------ tables
 def write_tables(an: Analysis, out: Path) -> list[Path]:

@@ -30,9 +30,9 @@ from analysis.claims import Claim, Inputs, Study
 from analysis.cli import missing_paths, parse_dataclass_args
 from analysis.integrity import data_problems_section
 from analysis.runs import GridData, GridLoadError, load_grid
-from analysis.views import describe_scale
 from analysis.stats import N_BOOT
 from analysis.tables import PRICES_YAML
+from analysis.views import describe_scale
 
 logger = logging.getLogger("analysis.report")
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,13 +58,10 @@ class Assembled:
         return [g for study, an in self.analyses for g in study.grids(an)]
 
 
-def assemble(inputs: Inputs, studies: Sequence[Study] = STUDIES) -> Assembled:
-    """Every study's analysis of ``inputs``, in the list's order."""
-    return Assembled(inputs, [(study, study.analyze(inputs)) for study in studies])
-
-
-def build_claims(assembled: Assembled) -> list[Claim]:
-    return assembled.claims()
+def assemble(inputs: Inputs, studies: Sequence[Study] = STUDIES,
+             given: Sequence[tuple[str, list[Path]]] = ()) -> Assembled:
+    """Every study's analysis of ``inputs``, in the list's order (``given``: :func:`load_inputs`'s second value)."""
+    return Assembled(inputs, [(study, study.analyze(inputs)) for study in studies], list(given))
 
 
 # ------------------------------------------------------------------------------------------ writing
@@ -248,8 +245,7 @@ def write_report(runs: Path, out: Path = Path("results"), figures_dir: Path = Pa
                  n_boot: int = N_BOOT, with_figures: bool = True, **grids: Any) -> tuple[Path, list[Claim]]:
     """:func:`make_report`, returning the judged claims too."""
     inputs, given = load_inputs(runs, seed, n_boot, **grids)
-    an = assemble(inputs)
-    an.given = given
+    an = assemble(inputs, given=given)
     tables_dir = Path(out) / "tables"
     for study, analysis in an.analyses:
         study.tables(analysis, tables_dir)

@@ -1,7 +1,7 @@
 """Statistics every study shares: bootstrap CIs of avg@k / pass@k, the unbiased pass@k estimator, spike counts,
 the paired Dr. MAS vs GRPO test, the Holm correction and the one significance level :data:`ALPHA`, one bootstrap
-stream per claim (:func:`bootstrap_streams`), Kaplan-Meier medians, and the logistic fit of an event on log2 of a
-level with its LR50 (:func:`lr50`).
+stream per claim (:func:`bootstrap_streams`), Kaplan-Meier medians, the logistic fit of an event on log2 of a level
+with its LR50 (:func:`lr50`), and the Firth-penalised logistic fit (:func:`firth_fit`, finite under separation).
 
 Array contract (one entry point per quantity, explicit RNG; the API shape of rliable's
 ``get_interval_estimates``): scores are ``(seeds, tasks)`` arrays of per-task scores in [0, 1] — one row per
@@ -306,6 +306,25 @@ def bracket(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         return v, v
     below, above = levels[frac < 0.5], levels[frac > 0.5]
     return (float(below.max()) if len(below) else -math.inf, float(above.min()) if len(above) else math.inf)
+
+
+def firth_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(b0, b1) of the Firth-penalised logistic regression of ``y`` (0/1) on ``x``. A sample without both outcomes
+    gives b1 = 0 (no slope is identified) and b0 at the Firth estimate of the one proportion."""
+    import warnings
+
+    from firthmodels import FirthLogisticRegression
+
+    x = np.asarray(x, float)
+    y = np.asarray(y, int)
+    if y.min() == y.max():
+        n = len(y)
+        p = (y.sum() + 0.5) / (n + 1.0)  # Firth's estimate of a single proportion (Jeffreys)
+        return math.log(p / (1 - p)), 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit = FirthLogisticRegression(backend="numpy").fit(x[:, None], y)
+    return float(fit.intercept_), float(fit.coef_[0])
 
 
 def lr50(x: np.ndarray, y: np.ndarray, edges: tuple[float, float], rng: np.random.Generator,

@@ -485,11 +485,11 @@ def test_report_opens_with_a_verdict_table_then_one_section_per_claim(grid, tmp_
     from analysis import report as rep
     from analysis.claims import FINDING, ClaimSpec, Judged
 
-    inputs, _ = rep.load_inputs(grid, seed=0, n_boot=50)
-    an = rep.assemble(inputs)
+    inputs, given = rep.load_inputs(grid, seed=0, n_boot=50)
+    an = rep.assemble(inputs, given=given)
     bare = ClaimSpec("z", judge=lambda an: Judged("a new claim", "paper 1; more", "ours 2 (x; y); z 3", FINDING),
                      rule="a rule")
-    claims = [*rep.build_claims(an), bare.evaluate(an)]
+    claims = [*an.claims(), bare.evaluate(an)]
     figs = {"ablation_search": tmp_path / "figs" / "ablation_search.png"}
     text = rep.report_markdown(an, claims, tmp_path, tmp_path / "tables", list(figs.values()), grid)
     assert "The *design* column says which test judged a claim" in text.split("\n\n")[2]
