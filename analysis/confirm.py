@@ -167,7 +167,7 @@ def analyze(data: GridData, seed: int = 0, n_boot: int = N_BOOT) -> Confirmation
 
 def _incomplete(an: Confirmation, verdict: str) -> str:
     """``verdict``, marked incomplete (with the verdict so far) while the round has runs that do not count (not
-    started, unfinished, their folder gone, their records in conflict: :func:`analysis.stability.grid_status`)."""
+    started, unfinished, their folder gone, their records in conflict: :func:`analysis.events.grid_status`)."""
     return verdict if an.complete else incomplete_so_far(an.finished, an.total, verdict)
 
 
