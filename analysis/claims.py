@@ -1,14 +1,17 @@
-"""The vocabulary every claim module shares: the verdict words, the designs that judge a claim, what a verdict
-function returns (:class:`Judged`), a claim with its rule (:class:`ClaimSpec`) and a judged claim (:class:`Claim`).
+"""The contract every study builds on: the verdict words, the designs that judge a claim, what a verdict function
+returns (:class:`Judged`), a claim with its rule (:class:`ClaimSpec`), a judged claim (:class:`Claim`), and a study
+(:class:`Study`: what it reads, its analysis, claims, tables and figures) with what the report hands it
+(:class:`Inputs`).
 
-The claim modules (:mod:`analysis.report`, :mod:`analysis.class_aware`, :mod:`analysis.mechanism`,
-:mod:`analysis.stability`, :mod:`analysis.confirm`) spell their verdicts with these names; this module imports
-nothing from :mod:`analysis`, so any of them can build on it.
+The studies (:mod:`analysis.main_grid`, :mod:`analysis.sweep`, :mod:`analysis.stability`, :mod:`analysis.confirm`)
+spell their verdicts with these names and each exports one :class:`Study` as ``STUDY``; :mod:`analysis.report`
+assembles their list. This module imports nothing from :mod:`analysis`, so any of them can build on it.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 # ------------------------------------------------------------------------------------------ verdict words
@@ -140,3 +143,58 @@ def clauses(text: str) -> list[str]:
 def first_clause(text: str) -> str:
     """The first of :func:`clauses` of ``text`` ("" when it has none)."""
     return next(iter(clauses(text)), "")
+
+
+# ------------------------------------------------------------------------------------------ studies
+@dataclass(frozen=True)
+class Option:
+    """The report's command-line option that names a study's grid folder(s): ``--{flag} PATH`` (``many``: any
+    number of paths, one grid each)."""
+
+    flag: str
+    help: str
+    example: str
+    """the folder to pass, named in the one-line error when a given folder does not exist"""
+    many: bool = False
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the report hands every study: the main grid, the grids of the studies' options (by flag: the loaded value
+    of each given folder, ``None`` / ``[]`` where none was given or nothing has run there), and the bootstrap's seed
+    and replicates."""
+
+    main: Any
+    """the main grid (:class:`analysis.runs.GridData`)"""
+    seed: int
+    n_boot: int
+    grids: dict[str, Any] = field(default_factory=dict)
+
+
+def _no_files(an: Any, out: Path) -> list[Path]:
+    return []
+
+
+def _no_grids(an: Any) -> list[Any]:
+    return []
+
+
+@dataclass(frozen=True)
+class Study:
+    """One study of the report: a set of runs, the analysis computed on them once, and the claims judged on it.
+
+    ``analyze(inputs)`` returns the study's own analysis object (any type; "not run" is the study's to say); each
+    :class:`ClaimSpec` of ``claims`` is judged on that object; ``tables(an, dir)`` / ``figures(an, dir)`` write the
+    study's tables / figures and return their paths; ``grids(an)`` the grids it read besides the main one (REPORT.md's
+    "Data problems" lists theirs). ``option`` is the report's flag naming its grid folder(s) (None: it reads the main
+    grid only) and ``load(path)`` what a given folder becomes in :attr:`Inputs.grids` (None: nothing has run there).
+    The report runs the studies in its list's order: claims, tables and figures come out in that order."""
+
+    name: str
+    analyze: Callable[[Inputs], Any]
+    claims: tuple[ClaimSpec, ...] = ()
+    tables: Callable[[Any, Path], list[Path]] = _no_files
+    figures: Callable[[Any, Path], list[Path]] = _no_files
+    grids: Callable[[Any], list[Any]] = _no_grids
+    option: Option | None = None
+    load: Callable[[Path], Any] | None = None

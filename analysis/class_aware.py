@@ -19,10 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from drmas.algos.catalog import GRPO
+
 from analysis.claims import NOT_PRODUCED, NOT_REPRODUCED, NOT_RUN, REPRODUCED, Judged
-from analysis.mechanism import FACTOR_REGIME, MIN_POINTS, REFERENCE, mechanism_points
+from analysis.mechanism import BASELINES, FACTOR_REGIME, MIN_POINTS, REFERENCE, mechanism_points
 from analysis.runs import GridData
-from analysis.stats import spearman
+from analysis.stats import ALPHA, spearman
 
 CALIBRATION = (0.5, 2.0)  # the band the median of measured / predicted must fall in (a factor 2 in the norm)
 
@@ -103,7 +105,7 @@ def judge_prediction(points: pd.DataFrame, prediction: str, factor: str, step0: 
         verdict, reason = NOT_RUN, f"{len(p)} finite points < {MIN_POINTS}"
     elif not largest >= FACTOR_REGIME:
         verdict, reason = NOT_PRODUCED, f"largest factor {largest:.2f} < {FACTOR_REGIME:g}"
-    elif not (np.isfinite(rho) and rho > 0 and pv < 0.05):
+    elif not (np.isfinite(rho) and rho > 0 and pv < ALPHA):
         verdict, reason = NOT_REPRODUCED, f"rho = {rho:.2f}, p = {pv:.2g}"
     elif not CALIBRATION[0] <= median <= CALIBRATION[1]:
         verdict, reason = NOT_REPRODUCED, f"rank holds, scale off: median {median:.2f} outside {list(CALIBRATION)}"
@@ -112,7 +114,7 @@ def judge_prediction(points: pd.DataFrame, prediction: str, factor: str, step0: 
     return PredictionFit(label, len(p), int((~finite).sum()), largest, rho, pv, rho0, pv0, median, verdict, reason)
 
 
-def class_verdict(points: pd.DataFrame, baseline: str = "trajectory_grpo") -> tuple[PredictionFit, PredictionFit]:
+def class_verdict(points: pd.DataFrame, baseline: str = GRPO) -> tuple[PredictionFit, PredictionFit]:
     """(class-aware, paper's) predictions of ``baseline``'s grad-norm ratio over Dr. MAS, judged by :data:`RULE`."""
     p = points[points["baseline"] == baseline]
     return (judge_prediction(p, "pred_class", "class_factor", "class_factor_step0", "class-aware √(class factor)"),
@@ -129,13 +131,13 @@ def claim_lemma_classes(an) -> Judged:
     if "pred_class" not in an.mechanism or not an.mechanism["pred_class"].notna().any():
         return Judged(title, paper, "no mechanism sweep with the class-aware metrics", NOT_RUN)
     parts = []
-    for b in ("trajectory_grpo", "pooled_grpo"):
+    for b in BASELINES:
         mine = an.mechanism[an.mechanism["baseline"] == b]
         if len(mine):
             cls, ppr = class_verdict(an.mechanism, b)
             parts.append(f"{b} / Dr. MAS: {cls.text()}; beside it, {ppr.text()}; distinct share per group "
                          f"{mine['distinct'].min():.2f}-{mine['distinct'].max():.2f}")
-    verdict = class_verdict(an.mechanism, "trajectory_grpo")[0].verdict
+    verdict = class_verdict(an.mechanism, GRPO)[0].verdict
     return Judged(title, paper, ". ".join(parts), verdict)
 
 

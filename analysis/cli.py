@@ -1,10 +1,29 @@
-"""Command lines generated from a dataclass of run arguments (CleanRL's ``Args`` style): one field, one
-flag, the help text in the field's ``metadata["help"]``."""
+"""What the analysis' command lines share: a command line generated from a dataclass of run arguments (CleanRL's
+``Args`` style: one field, one flag, the help text in the field's ``metadata["help"]``), the refusal of a given folder
+that does not exist, and a grid that may not have run yet."""
 from __future__ import annotations
 
 import argparse
 from dataclasses import MISSING, fields
+from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
+
+from analysis.runs import GridData, load_grid
+
+
+def missing_paths(**paths: Path | None) -> list[str]:
+    """``--flag PATH does not exist`` for each given path that does not exist (flags named by the keywords)."""
+    return [f"--{flag.replace('_', '-')} {path} does not exist" for flag, path in paths.items()
+            if path is not None and not Path(path).exists()]
+
+
+def load_optional(path: Path | None) -> GridData | None:
+    """The grid in ``path`` (with or without index.json: :func:`analysis.runs.load_grid`), or None where no path is
+    given or nothing is there (the grid was not run: "not run"). The command lines refuse a path that does not
+    exist before this (:func:`missing_paths`)."""
+    if path is None or not Path(path).exists():
+        return None
+    return load_grid(path)
 
 
 def parse_dataclass_args(cls: type, prog: str, description: str, argv: list[str] | None = None) -> Any:

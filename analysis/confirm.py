@@ -13,7 +13,7 @@ there before the round's first run; the constants below are its numbers).
   steps 0-39; sign test, Holm over the agents.
 - **C4** stability frontier: logistic fit of collapse-by-the-horizon on log2(lr), LR50 with a parametric bootstrap CI.
 - **C5** the clip dial: update-norm ratios with and without the clip, time to collapse in the clip-off arm.
-- accuracy over time: the exploratory rule (:func:`analysis.stability.accuracy_over_time`) with Holm over the levels.
+- accuracy over time: the exploratory rule (:func:`analysis.twins.accuracy_over_time`) with Holm over the levels.
 
 The main arm is the runs tagged ``arm: main``, the clip dial ``arm: clip_dial``. Only finished runs enter a verdict;
 a verdict computed on fewer runs than the grid holds is marked incomplete.
@@ -29,24 +29,23 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats as sps
+
+from drmas.algos.catalog import DRMAS, GRPO, estimator_label
+from drmas.io import atomic_write_text
 
 from analysis.claims import (CONFIRMATORY, DESCRIPTIVE, INCONCLUSIVE, NO_DIFFERENCE, NOT_RUN, REFUTED, REPRODUCED,
-                             UNDERPOWERED, Judged, incomplete, incomplete_so_far)
+                             UNDERPOWERED, ClaimSpec, Judged, Option, Study, incomplete, incomplete_so_far)
+from analysis.confirm_rules import WINDOW, abandonment, clip_dial, elevation, frontier, record, time_to_collapse
+from analysis.events import PERSIST, abandoned_at, calls_of, finished, nonfinite_and_reward, steps_of
+from analysis.formatting import fmt_interval, fmt_value, markdown
 from analysis.integrity import problem_lines
+from analysis.plotting import save
 from analysis.runs import GridData, load_grid
-from analysis.stability import (DRMAS, EARLY, GRPO, PERSIST, ROLL, SEARCH_DROP, _finished, _first_sustained,
-                                _steps_of, accuracy_over_time, nonfinite_and_reward)
-from analysis.stats import N_BOOT
-from analysis.tables import markdown
-from drmas.io import atomic_write_text
+from analysis.stats import ALPHA, N_BOOT, bootstrap_streams, holm
+from analysis.twins import accuracy_over_time, fig_gradnorm_over_steps
 
 logger = logging.getLogger(__name__)
 
-ABANDON_DROP = SEARCH_DROP   # rolling calls per trajectory below this share of the early level (as rule g's search clause)
-WINDOW = 40                  # C3 / C5: steps 0 .. WINDOW-1, both twins alive
-ALPHA = 0.05
-N_FRONTIER_BOOT = 2000
 POWER_EVENTS = 0.5           # C1 assumed Dr. MAS collapsing by the horizon in 30-70 % of runs: at least half of all runs
 """C1's power statement assumed collapse probabilities of 0.3-0.7 (Dr. MAS) and more under GRPO; a round that ends
 with fewer than this share of its runs collapsed had less information than the statement assumed."""
@@ -79,12 +78,7 @@ def collapse_event(steps: pd.DataFrame, agents: tuple[str, ...], persist: int = 
     abandoned = []
     for agent in agents:
         key = f"agent/{agent}/calls_per_traj"
-        if key not in s:
-            continue
-        calls = s[key].fillna(0.0)  # a step without a call of the agent logs no key: 0 calls
-        early = calls.iloc[:EARLY].mean()
-        roll = calls.rolling(ROLL, min_periods=ROLL).mean()
-        if (t := _first_sustained((roll < ABANDON_DROP * early) & roll.notna(), persist)) is not None:
+        if key in s and (t := abandoned_at(calls_of(s, key), persist)) is not None:
             fired[f"abandoned:{agent}"] = t
             abandoned.append(agent)
     last = int(s.index.max()) if len(s) else -1
@@ -97,14 +91,13 @@ def collapse_event(steps: pd.DataFrame, agents: tuple[str, ...], persist: int = 
 def event_table(data: GridData) -> pd.DataFrame:
     """One row per finished run: estimator, lr, seed, arm, clip, the time (collapse step, or last step when
     censored), the event flag, its reason, abandoned agents, and the code commit it ran with."""
-    finished = _finished(data)
     rows = []
-    for r, done in zip(data.runs.itertuples(), finished):
+    for r, done in zip(data.runs.itertuples(), finished(data)):
         if not done:
             continue
         path = Path(r.path)
         agents = declared_agents(path)
-        ev = collapse_event(_steps_of(data, r.run), agents)
+        ev = collapse_event(steps_of(data, r.run), agents)
         manifest = json.loads((path / "manifest.json").read_text())
         clip = clip_setting(manifest["config"])
         rows.append({"run": r.run, "estimator": r.estimator, "lr": float(r.level), "seed": int(r.seed),
@@ -126,295 +119,6 @@ def clip_setting(config: dict) -> str:
     so that the arm is right without the grid's index too)."""
     norms = [float((m.get("optim") or {}).get("max_grad_norm", 1.0)) for m in (config.get("models") or {}).values()]
     return "off" if norms and min(norms) >= CLIP_OFF else "on"
-
-
-# ------------------------------------------------------------------------------------------ C1
-def km_median(time: np.ndarray, event: np.ndarray) -> tuple[float, float, float]:
-    """Kaplan-Meier median time to collapse with its 95 % CI (inf: not reached)."""
-    from statsmodels.duration.survfunc import SurvfuncRight
-
-    if event.sum() == 0:
-        return math.inf, math.inf, math.inf
-    sf = SurvfuncRight(time, event)
-    median = sf.quantile(0.5)
-    with np.errstate(divide="ignore", invalid="ignore"):  # the CI's log-log transform at survival 1 or 0
-        low, high = sf.quantile_ci(0.5)
-    fix = lambda x: math.inf if x is None or not np.isfinite(x) else float(x)
-    return fix(median), fix(low), fix(high)
-
-
-def time_to_collapse(events: pd.DataFrame) -> dict:
-    """C1: stratified log-rank (one-sided toward GRPO collapsing sooner), stratified Cox hazard ratio with CI,
-    Kaplan-Meier medians per estimator pooled and per level."""
-    from statsmodels.duration.hazard_regression import PHReg
-    from statsmodels.duration.survfunc import survdiff
-
-    t = events["time"].to_numpy(float)
-    e = events["event"].to_numpy(int)
-    grpo = (events["estimator"] == GRPO).to_numpy(int)
-    strata = events["lr"].rank(method="dense").to_numpy(int)
-    out: dict = {"runs": len(events), "events": int(e.sum())}
-    if e.sum() == 0 or grpo.sum() in (0, len(grpo)):
-        out.update(p=math.nan, hr=math.nan, hr_low=math.nan, hr_high=math.nan)
-    else:
-        _, p_two = survdiff(t, e, grpo, strata=strata)
-        fit = PHReg(t, grpo[:, None].astype(float), status=e, strata=strata).fit(disp=False)
-        coef = float(fit.params[0])
-        low, high = fit.conf_int()[0]
-        with np.errstate(over="ignore"):  # one arm without any collapse: the Cox fit diverges, HR -> inf or 0
-            hr, hr_low, hr_high = (float(np.exp(np.clip(v, -50.0, 50.0))) for v in (coef, low, high))
-        out.update(p=float(p_two / 2 if coef > 0 else 1 - p_two / 2), p_two_sided=float(p_two), hr=hr, hr_low=hr_low,
-                   hr_high=hr_high, hr_note="" if 0 < e[grpo == 1].sum() and 0 < e[grpo == 0].sum() and hr_high < 1e6
-                   else "the Cox fit diverges (no collapse in one arm, or too few runs): HR bounds clipped at e^±50")
-    medians = []
-    for (lr, est), g in [*(((lr, est), g) for (lr, est), g in events.groupby(["lr", "estimator"])),
-                         *(((math.nan, est), g) for est, g in events.groupby("estimator"))]:
-        m, lo, hi = km_median(g["time"].to_numpy(float), g["event"].to_numpy(int))
-        medians.append({"lr": lr, "estimator": est, "runs": len(g), "collapsed": int(g["event"].sum()),
-                        "median": m, "low": lo, "high": hi})
-    out["medians"] = pd.DataFrame(medians)
-    return out
-
-
-# ------------------------------------------------------------------------------------------ C2
-def abandonment(events: pd.DataFrame) -> pd.DataFrame:
-    """C2: per agent (and "any"), abandoned runs per estimator and the one-sided CMH p over the levels."""
-    from statsmodels.stats.contingency_tables import StratifiedTable
-
-    agents = sorted({a for row in events["agents"] for a in row.split(",") if a})
-    rows = []
-    for agent in ["any", *agents]:
-        hit = (events["abandoned"] != "") if agent == "any" else events["abandoned"].str.split(",").apply(
-            lambda xs, a=agent: a in xs)
-        tables = []
-        for _, g in events.assign(hit=hit.to_numpy()).groupby("lr"):
-            cg = int(g.loc[g["estimator"] == GRPO, "hit"].sum()); ng = int((g["estimator"] == GRPO).sum())
-            cd = int(g.loc[g["estimator"] == DRMAS, "hit"].sum()); nd = int((g["estimator"] == DRMAS).sum())
-            if ng and nd:
-                tables.append(np.array([[cg, ng - cg], [cd, nd - cd]], float))
-        grpo_n = sum(int(t[0].sum()) for t in tables); drmas_n = sum(int(t[1].sum()) for t in tables)
-        grpo_hit = sum(int(t[0, 0]) for t in tables); drmas_hit = sum(int(t[1, 0]) for t in tables)
-        p = p_corrected = math.nan
-        if tables and (grpo_hit + drmas_hit) > 0 and (grpo_hit + drmas_hit) < grpo_n + drmas_n:
-            st = StratifiedTable(tables)
-            two = float(st.test_null_odds(correction=False).pvalue)  # the rule's test names no continuity correction
-            two_corrected = float(st.test_null_odds(correction=True).pvalue)
-            greater = grpo_hit / grpo_n > drmas_hit / drmas_n
-            p = two / 2 if greater else 1 - two / 2
-            p_corrected = two_corrected / 2 if greater else 1 - two_corrected / 2
-        elif tables:
-            p = p_corrected = 1.0
-        rows.append({"agent": agent, "grpo": grpo_hit, "grpo_n": grpo_n, "drmas": drmas_hit, "drmas_n": drmas_n,
-                     "p": p, "p_continuity_corrected": p_corrected})
-    return pd.DataFrame(rows)
-
-
-# ------------------------------------------------------------------------------------------ C3
-def holm(p: np.ndarray) -> np.ndarray:
-    """Holm-adjusted p-values (step-down, monotone)."""
-    from statsmodels.stats.multitest import multipletests
-
-    p = np.asarray(p, float)
-    return multipletests(p, method="holm")[1] if len(p) else p
-
-
-def twin_pairs(events: pd.DataFrame) -> list[tuple[float, int, str, str]]:
-    """(lr, seed, GRPO run, Dr. MAS run) of every finished twin pair."""
-    pairs = []
-    for (lr, seed), g in events.groupby(["lr", "seed"]):
-        by = {e: g.loc[g["estimator"] == e, "run"] for e in (GRPO, DRMAS)}
-        if all(len(v) == 1 for v in by.values()):
-            pairs.append((float(lr), int(seed), by[GRPO].iloc[0], by[DRMAS].iloc[0]))
-    return pairs
-
-
-def _window(frame: pd.DataFrame, run: str, column: str, agent_col: str, agent: str) -> np.ndarray:
-    x = frame[(frame["run"] == run) & (frame[agent_col] == agent) & (frame["step"] < WINDOW)][column]
-    x = x.to_numpy(float)
-    return x[np.isfinite(x)]  # steps at which the agent was not called log no norm
-
-
-def elevation(data: GridData, events: pd.DataFrame, rng: np.random.Generator, n_boot: int = N_BOOT) -> pd.DataFrame:
-    """C3: per agent and statistic (p95, max), the GRPO / Dr. MAS ratios over twin pairs: pairs above 1, the median
-    ratio with a bootstrap CI over pairs, the one-sided sign-test p and its Holm value over the agents."""
-    pairs = twin_pairs(events)
-    rows = []
-    for stat, fn in (("p95", lambda x: np.percentile(x, 95)), ("max", np.max)):
-        per_agent = []
-        for agent in sorted(data.agents["agent"].unique()):
-            logs = []
-            for _, _, g, d in pairs:
-                xg = _window(data.agents, g, "grad_norm", "agent", agent)
-                xd = _window(data.agents, d, "grad_norm", "agent", agent)
-                if len(xg) and len(xd) and fn(xd) > 0 and fn(xg) > 0:
-                    logs.append(math.log(fn(xg) / fn(xd)))
-            logs = np.array(logs)
-            if not len(logs):
-                continue
-            boot = np.median(rng.choice(logs, (n_boot, len(logs))), axis=1)
-            above = int((logs > 0).sum())
-            per_agent.append({"stat": stat, "agent": agent, "pairs": len(logs), "above": above,
-                              "median_ratio": math.exp(np.median(logs)), "low": math.exp(np.percentile(boot, 2.5)),
-                              "high": math.exp(np.percentile(boot, 97.5)),
-                              "p": float(sps.binomtest(above, len(logs), 0.5, alternative="greater").pvalue),
-                              "p_below": float(sps.binomtest(above, len(logs), 0.5, alternative="less").pvalue)})
-        if per_agent:
-            frame = pd.DataFrame(per_agent)
-            frame["p_holm"] = holm(frame["p"].to_numpy())
-            frame["p_below_holm"] = holm(frame["p_below"].to_numpy())
-            rows.append(frame)
-    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
-
-
-# ------------------------------------------------------------------------------------------ C4
-def _separates(x: np.ndarray, y: np.ndarray) -> bool:
-    """Whether a logistic fit of y on x has no finite maximum: all-or-none, or every collapse at or above every
-    non-collapse. The quasi-complete case (collapses and non-collapses meet at one level, e.g. 5 of 6 at the lowest
-    level and all above it) separates too: its likelihood rises without bound as the slope grows, so a fitted
-    LR50 there is wherever the optimiser stopped."""
-    return y.min() == y.max() or x[y == 0].max() <= x[y == 1].min()
-
-
-def _logistic(x: np.ndarray, y: np.ndarray) -> tuple[float, float] | None:
-    """(b0, b1) of a binomial GLM of y on x, or None where the fit separates (:func:`_separates`) or its slope is not
-    positive."""
-    import statsmodels.api as sm
-    from statsmodels.tools.sm_exceptions import PerfectSeparationWarning
-
-    if _separates(x, y):
-        return None
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", PerfectSeparationWarning)
-        try:
-            fit = sm.GLM(y, sm.add_constant(x), family=sm.families.Binomial()).fit()
-        except (PerfectSeparationWarning, np.linalg.LinAlgError, ValueError):
-            return None
-    b0, b1 = map(float, fit.params)
-    return (b0, b1) if b1 > 0 else None
-
-
-def _bracket(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """log2 bounds of LR50 where the fit separates: the highest level at which fewer than half of the runs collapsed
-    and the lowest at which more than half did (-inf / inf where no level is on that side; a level at which exactly
-    half collapsed is LR50 itself)."""
-    levels = np.unique(x)
-    frac = np.array([y[x == v].mean() for v in levels])
-    if (frac == 0.5).any():
-        v = float(levels[frac == 0.5][0])
-        return v, v
-    below, above = levels[frac < 0.5], levels[frac > 0.5]
-    return (float(below.max()) if len(below) else -math.inf, float(above.min()) if len(above) else math.inf)
-
-
-def frontier(events: pd.DataFrame, rng: np.random.Generator, n_boot: int = N_FRONTIER_BOOT) -> pd.DataFrame:
-    """C4: per estimator LR50 = 2^(-b0/b1) of the logistic fit of collapse on log2(lr), with a parametric bootstrap
-    95 % CI (draws that separate sit at the grid's edge they point to); where the estimator's own data separate
-    (completely or quasi-completely, :func:`_separates`), the bracket of :func:`_bracket`: "below" / "above" the grid
-    (an interval open on that side: (0, lowest level] or [highest level, inf)) or "between" two levels (the bootstrap
-    then draws log2 LR50 uniformly in that interval: the data say no more); and the ratio Dr. MAS / GRPO with its
-    bootstrap CI, open on the side an estimator outside the grid leaves unbounded."""
-    lo_edge, hi_edge = math.log2(events["lr"].min()), math.log2(events["lr"].max())
-    draws, rows = {}, []
-    for est in (GRPO, DRMAS):
-        g = events[events["estimator"] == est]
-        if g.empty:
-            continue
-        x, y = np.log2(g["lr"].to_numpy(float)), g["event"].to_numpy(int)
-        fit = _logistic(x, y)
-        if fit is None:
-            low, high = _bracket(x, y) if _separates(x, y) else (-math.inf, math.inf)
-            if low > high or (low == -math.inf and high == math.inf):  # collapse does not rise with the lr
-                rows.append({"estimator": est, "lr50": math.nan, "low": 0.0, "high": math.inf,
-                             "note": "not identified (collapse does not rise with the lr)"})
-                draws[est] = np.full(n_boot, math.nan)
-                continue
-            note = ("below the grid" if low == -math.inf else "above the grid" if high == math.inf else
-                    f"at {2 ** low:.2g} (separated)" if low == high else
-                    f"between {2 ** low:.2g} and {2 ** high:.2g} (separated)")
-            rows.append({"estimator": est, "lr50": 2 ** low if low == high else math.nan,
-                         "low": 0.0 if low == -math.inf else 2 ** low, "high": math.inf if high == math.inf else 2 ** high,
-                         "note": note})
-            # Outside the grid the edge only bounds LR50 (the ratio's interval is opened below); inside, a uniform draw.
-            low, high = max(low, lo_edge), min(high, hi_edge)
-            draws[est] = rng.uniform(low, high, n_boot) if high > low else np.full(n_boot, low)
-            continue
-        b0, b1 = fit
-        p = 1 / (1 + np.exp(-(b0 + b1 * x)))
-        boot = []
-        for _ in range(n_boot):
-            yb = (rng.random(len(p)) < p).astype(int)
-            fb = _logistic(x, yb)
-            if fb is None:
-                boot.append(lo_edge if yb.mean() >= 0.5 else hi_edge)
-            else:
-                boot.append(min(max(-fb[0] / fb[1], lo_edge - 2), hi_edge + 2))
-        boot = np.array(boot)
-        draws[est] = boot
-        rows.append({"estimator": est, "lr50": 2 ** (-b0 / b1), "low": 2 ** np.percentile(boot, 2.5),
-                     "high": 2 ** np.percentile(boot, 97.5), "note": ""})
-    out = pd.DataFrame(rows, columns=["estimator", "lr50", "low", "high", "note"])
-    if set(draws) == {GRPO, DRMAS}:
-        ratio = 2 ** (draws[DRMAS] - draws[GRPO])
-        point = out.set_index("estimator")["lr50"]
-        low, high = float(np.percentile(ratio, 2.5)), float(np.percentile(ratio, 97.5))
-        # An estimator outside the grid was drawn at the grid's edge, which only bounds its LR50; the ratio's interval
-        # is then open on the side that bound cannot reach (both below the grid: (0, inf), not identified).
-        bounds = out.set_index("estimator")
-        if bounds.at[GRPO, "low"] == 0 or bounds.at[DRMAS, "high"] == math.inf:
-            high = math.inf
-        if bounds.at[GRPO, "high"] == math.inf or bounds.at[DRMAS, "low"] == 0:
-            low = 0.0
-        out.attrs["ratio"] = (float(point[DRMAS] / point[GRPO]) if point.notna().all() else math.nan, low, high)
-    return out
-
-
-# ------------------------------------------------------------------------------------------ C5
-def update_ratios(data: GridData, events: pd.DataFrame) -> pd.DataFrame:
-    """C5: per clip setting and model, the GRPO / Dr. MAS ratio of the median ``wg/{m}/update_norm`` over steps
-    0-39 per twin pair: pairs above 1, median ratio, one-sided sign-test p."""
-    if "update_norm" not in data.groups:
-        return pd.DataFrame()
-    rows = []
-    for clip, g in events.groupby("clip"):
-        for wg in sorted(data.groups["wg"].unique()):
-            logs = []
-            for _, _, rg, rd in twin_pairs(g):
-                xg = _window(data.groups, rg, "update_norm", "wg", wg)
-                xd = _window(data.groups, rd, "update_norm", "wg", wg)
-                if len(xg) and len(xd) and np.median(xd) > 0 and np.median(xg) > 0:
-                    logs.append(math.log(np.median(xg) / np.median(xd)))
-            if logs:
-                above = int((np.array(logs) > 0).sum())
-                rows.append({"clip": clip, "model": wg, "pairs": len(logs), "above": above,
-                             "median_ratio": math.exp(np.median(logs)),
-                             "p": float(sps.binomtest(above, len(logs), 0.5, alternative="greater").pvalue)})
-    return pd.DataFrame(rows)
-
-
-def clip_dial(data: GridData, events: pd.DataFrame) -> dict:
-    """C5: the update-norm ratios, C1's test inside the clip-off arm, and a Cox model over the dial's level with
-    estimator, clip and their interaction."""
-    from statsmodels.duration.hazard_regression import PHReg
-
-    off = events[events["clip"] == "off"]
-    if off.empty:
-        return {}
-    level = events[events["lr"].isin(off["lr"].unique())]
-    out = {"updates": update_ratios(data, level), "off": time_to_collapse(off.assign(lr=off["lr"]))}
-    grpo = (level["estimator"] == GRPO).to_numpy(float)
-    clip_off = (level["clip"] == "off").to_numpy(float)
-    if level["event"].sum() and len(set(clip_off)) == 2:
-        x = np.column_stack([grpo, clip_off, grpo * clip_off])
-        try:
-            fit = PHReg(level["time"].to_numpy(float), x, status=level["event"].to_numpy(int)).fit(disp=False)
-            with np.errstate(over="ignore"):
-                hr, low, high = (float(np.exp(np.clip(v, -50.0, 50.0))) for v in (fit.params[2], *fit.conf_int()[2]))
-            out["interaction"] = {"hr": hr, "low": low, "high": high, "p": float(fit.pvalues[2])}
-        except (np.linalg.LinAlgError, ValueError) as exc:
-            out["interaction"] = {"note": f"Cox fit failed: {exc}"}
-    return out
 
 
 # ------------------------------------------------------------------------------------------ the whole
@@ -442,7 +146,7 @@ class Confirmation:
 def analyze(data: GridData, seed: int = 0, n_boot: int = N_BOOT) -> Confirmation:
     """Every claim of the round from one grid. Each bootstrap draws from its own stream of ``seed`` (C3, C4, accuracy),
     so a change to one claim's resampling leaves the others' intervals as they are."""
-    rng_c3, rng_c4, rng_acc = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
+    rng_c3, rng_c4, rng_acc = bootstrap_streams(seed, 3)
     events = event_table(data)
     total = len(data.runs)
     main = events[events["arm"] == "main"]
@@ -463,7 +167,7 @@ def analyze(data: GridData, seed: int = 0, n_boot: int = N_BOOT) -> Confirmation
 
 def _incomplete(an: Confirmation, verdict: str) -> str:
     """``verdict``, marked incomplete (with the verdict so far) while the round has runs that do not count (not
-    started, unfinished, their folder gone, their records in conflict: :func:`analysis.stability.grid_status`)."""
+    started, unfinished, their folder gone, their records in conflict: :func:`analysis.events.grid_status`)."""
     return verdict if an.complete else incomplete_so_far(an.finished, an.total, verdict)
 
 
@@ -508,86 +212,6 @@ def verdicts(an: Confirmation) -> dict[str, str]:
     return out
 
 
-def record(an: Confirmation) -> list[str]:
-    """What the round's numbers measure (docs/stability.md, "The record"), recomputed from the run folders: whether
-    any run improved on its SFT policy, the collapses a 150-step horizon would have seen, which twin pairs drew one
-    step-0 rollout, and the Answer agent's chain from the Lemma factor to the update."""
-    ev, steps, agents = an.events, an.data.steps, an.data.agents
-    rising = below = silent = 0
-    for r in ev.itertuples():
-        reward = steps.loc[steps["run"] == r.run].sort_values("step").set_index("step")["reward/mean"]
-        end = r.time if r.event else int(reward.index.max())
-        before = reward[reward.index < max(end, 2)]
-        if len(before) >= 3:
-            fit = sps.linregress(before.index.to_numpy(float), before.to_numpy(float))
-            rising += int(fit.slope > 0 and fit.pvalue / 2 < ALPHA)
-        middle = reward[(reward.index >= EARLY) & (reward.index < end)]
-        below += int(len(middle) > 0 and middle.mean() < reward[reward.index < EARLY].mean())
-        silent += int((reward.iloc[-PERSIST:] == 0).all())
-    evals = an.data.evals.assign(hits=an.data.evals["successes"].apply(sum),
-                                 draws=an.data.evals["n_tasks"] * an.data.evals["k"])
-    per_run = evals.groupby(["run", "step"])[["hits", "draws"]].sum()
-    per_run = (per_run["hits"] / per_run["draws"]).rename("avg").reset_index()
-    curve = per_run.groupby("step")["avg"].mean()
-    above0 = sum(bool((g.loc[g["step"] > 0, "avg"] > g.loc[g["step"] == 0, "avg"].max()).any())
-                 for _, g in per_run.groupby("run"))
-    main = ev[ev["arm"] == "main"]
-    lowest = main[main["lr"] == main["lr"].min()]
-    by150 = int(((lowest["event"] == 1) & (lowest["time"] <= 150 - PERSIST)).sum())
-    # a step-0 rollout's fingerprint: its digest where logged, else every agent's token count and the step count
-    marks = [c for c in steps.columns if c == "rollout/digest" or c.startswith("tokens/") or c == "steps"]
-    step0 = steps[steps["step"] == 0].set_index("run")[marks]
-    pairs = [(arm, *pair) for arm, g in ev.groupby("arm") for pair in twin_pairs(g)
-             if pair[2] in step0.index and pair[3] in step0.index] if marks else []
-    split = [(arm, lr, seed) for arm, lr, seed, g, d in pairs if not step0.loc[g].equals(step0.loc[d])]
-    window = agents[agents["step"] < WINDOW].merge(ev[["run", "estimator", "lr", "seed", "arm"]], on="run")
-    window = window[window["arm"] == "main"]
-    chain = []
-    needed = {"lemma_factor", "adv_m2", "grad_norm"}
-    for agent, g in (window.groupby("agent") if needed <= set(window.columns) else ()):
-        grpo, drmas = g[g["estimator"] == GRPO], g[g["estimator"] == DRMAS]
-        factor = grpo.groupby("run")["lemma_factor"].median().median()
-        m2 = (grpo.groupby(["lr", "seed"])["adv_m2"].median() / drmas.groupby(["lr", "seed"])["adv_m2"].median())
-        zero = {e: float((x["grad_norm"] == 0).mean()) for e, x in ((GRPO, grpo), (DRMAS, drmas))}
-        chain.append(f"{agent}: Lemma factor under GRPO {_fmt(factor)} (median over runs of each run's median, steps "
-                     f"0-{WINDOW - 1}); advantage second moment GRPO / Dr. MAS {_fmt(m2.median())} (median over pairs "
-                     f"of each run's median); steps with an exactly zero gradient: GRPO {100 * zero[GRPO]:.0f} %, "
-                     f"Dr. MAS {100 * zero[DRMAS]:.0f} %")
-    return ["## Record: what the numbers measure", "",
-            f"- Runs whose reward rises before the collapse (slope > 0, one-sided p < {ALPHA}): {rising} of {len(ev)}; "
-            f"mean reward from step {EARLY} to the collapse below the steps 0-{EARLY - 1} mean: {below} of {len(ev)}; "
-            f"every one of the last {PERSIST} steps at reward 0: {silent} of {len(ev)}.",
-            "- Mean eval avg@4 over the runs by step: " + ", ".join(f"{int(k)}: {v:.3f}" for k, v in curve.items())
-            + f"; runs with a later evaluation above their own step-0 one: {above0} of {ev['run'].nunique()}.",
-            f"- At the lowest level ({lowest['lr'].min():g}), runs collapsed with onset by step {150 - PERSIST} "
-            f"(confirmed by step 150): {by150} of {len(lowest)}.",
-            f"- Twin pairs with the same step-0 rollout (equal digests, or every agent's token count and the step count): "
-            f"{len(pairs) - len(split)} of {len(pairs)}" + (f"; differing: {', '.join(f'{arm} arm {lr:g} seed {s}' for arm, lr, s in split)}"
-                                                            if split else "") + ".",
-            *(f"- {line}." for line in chain), "",
-            "## Deviations from the written rules", "",
-            "- C2: the rule names a Cochran-Mantel-Haenszel test; the analysis had applied a continuity correction that "
-            "the rule does not name. The test as written is reported (`p`); `p_continuity_corrected` is the earlier "
-            "figure. The verdict is the same with either.",
-            "- C4: after all runs were in, quasi-complete separation (collapses and non-collapses meeting at one level) "
-            "became a bracket instead of the point where the fit's optimiser stopped (no finite maximum-likelihood "
-            "estimate exists there). The verdict is the same either way.", ""]
-
-
-def _interval(low: float, high: float) -> str:
-    """An interval for the summary; an open end (0 below, inf above) is written as such."""
-    return f"[{'0' if low == 0 else _fmt(low)}, {'∞' if high == math.inf else _fmt(high)}]"
-
-
-def _fmt(x: float, digits: int = 2) -> str:
-    """A number for the summary: "not reached" for inf, "—" for none, 3 significant digits outside 0.01-10^4."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "—"
-    if x == math.inf:
-        return "not reached"
-    return f"{x:.{max(digits, 3)}g}" if abs(x) < 1e-2 or abs(x) >= 1e4 else f"{x:.{digits}f}"
-
-
 def _shown(frame: pd.DataFrame) -> pd.DataFrame:
     """Infinite medians and bounds (not reached) as words, not empty cells."""
     return frame.map(lambda v: "not reached" if isinstance(v, float) and v == math.inf else v)
@@ -618,8 +242,8 @@ def summary_markdown(an: Confirmation, runs_dir: Path) -> str:
     if an.c1:
         c = an.c1
         lines += ["## C1 time to collapse", "",
-                  f"Stratified log-rank, one-sided p = {_fmt(c.get('p', math.nan), 3)}; Cox hazard ratio GRPO / Dr. MAS "
-                  f"{_fmt(c.get('hr', math.nan))} [{_fmt(c.get('hr_low', math.nan))}, {_fmt(c.get('hr_high', math.nan))}]"
+                  f"Stratified log-rank, one-sided p = {fmt_value(c.get('p', math.nan), 3)}; Cox hazard ratio GRPO / Dr. MAS "
+                  f"{fmt_value(c.get('hr', math.nan))} [{fmt_value(c.get('hr_low', math.nan))}, {fmt_value(c.get('hr_high', math.nan))}]"
                   + (f" ({c['hr_note']})" if c.get("hr_note") else "") + "; "
                   f"{c['events']} collapses in {c['runs']} runs. Power (planned): 0.82 at HR = 3.", "",
                   markdown(_shown(c["medians"]), index=False), ""]
@@ -630,7 +254,7 @@ def summary_markdown(an: Confirmation, runs_dir: Path) -> str:
             lines += [f"## {title}", "", markdown(frame, index=False), ""]
     if len(an.c4) and an.c4.attrs.get("ratio"):
         r = an.c4.attrs["ratio"]
-        lines += [f"LR50 ratio Dr. MAS / GRPO: {_fmt(r[0])} {_interval(r[1], r[2])}"
+        lines += [f"LR50 ratio Dr. MAS / GRPO: {fmt_value(r[0])} {fmt_interval(r[1], r[2])}"
                   + (" (not identified: both frontiers lie outside the grid on the same side)"
                      if r[1] == 0 and r[2] == math.inf else "") + ".", ""]
     if an.c5:
@@ -639,14 +263,14 @@ def summary_markdown(an: Confirmation, runs_dir: Path) -> str:
             lines += [markdown(an.c5["updates"], index=False), ""]
         off = an.c5.get("off", {})
         if off:
-            lines += [f"Clip off: log-rank one-sided p = {_fmt(off.get('p', math.nan), 3)}, HR {_fmt(off.get('hr', math.nan))} "
-                      f"[{_fmt(off.get('hr_low', math.nan))}, {_fmt(off.get('hr_high', math.nan))}]", ""]
+            lines += [f"Clip off: log-rank one-sided p = {fmt_value(off.get('p', math.nan), 3)}, HR {fmt_value(off.get('hr', math.nan))} "
+                      f"[{fmt_value(off.get('hr_low', math.nan))}, {fmt_value(off.get('hr_high', math.nan))}]", ""]
         if "interaction" in an.c5:
             inter = an.c5["interaction"]
             lines += ["Estimator x clip interaction (Cox): " + (inter["note"] if "note" in inter else
-                      f"HR {_fmt(inter['hr'])} [{_fmt(inter['low'])}, {_fmt(inter['high'])}], p = {_fmt(inter['p'], 3)}"), ""]
+                      f"HR {fmt_value(inter['hr'])} [{fmt_value(inter['low'])}, {fmt_value(inter['high'])}], p = {fmt_value(inter['p'], 3)}"), ""]
     if len(an.events):
-        lines += record(an)
+        lines += record(an.data, an.events)
     if len(cost := step_seconds(an)):
         lines += ["## Cost", "", f"Step time of the {len(cost)} finished runs (Σ `timing/step` of each run over all its "
                   f"sittings; evaluations and start-up not counted): {cost.sum() / 3600:.1f} h in all, median "
@@ -725,40 +349,40 @@ def _ours(an: Confirmation, key: str) -> tuple[str, str]:
     """(ours in words, ours in one number) of one claim."""
     if key == "C1":
         c = an.c1
-        head = f"HR {_fmt(c['hr'])} [{_fmt(c['hr_low'])}, {_fmt(c['hr_high'])}], p {_fmt(c['p'], 3)}"
+        head = f"HR {fmt_value(c['hr'])} [{fmt_value(c['hr_low'])}, {fmt_value(c['hr_high'])}], p {fmt_value(c['p'], 3)}"
         med = c["medians"][c["medians"]["lr"].isna()].set_index("estimator")["median"]
         return (f"{head}; {c['events']} collapses in {c['runs']} runs; median time to collapse GRPO "
-                f"{_fmt(med.get(GRPO, math.nan))}, Dr. MAS {_fmt(med.get(DRMAS, math.nan))} steps", head)
+                f"{fmt_value(med.get(GRPO, math.nan))}, Dr. MAS {fmt_value(med.get(DRMAS, math.nan))} steps", head)
     if key == "C2":
         r = an.c2[an.c2["agent"] == "any"].iloc[0]
         per = "; ".join(f"{a.agent} {a.grpo} vs {a.drmas}" for a in an.c2.itertuples() if a.agent != "any")
-        head = f"GRPO {r['grpo']}/{r['grpo_n']} vs Dr. MAS {r['drmas']}/{r['drmas_n']} runs, p {_fmt(r['p'], 3)}"
+        head = f"GRPO {r['grpo']}/{r['grpo_n']} vs Dr. MAS {r['drmas']}/{r['drmas_n']} runs, p {fmt_value(r['p'], 3)}"
         return f"{head}; per agent (GRPO vs Dr. MAS): {per}", head
     if key == "C3":
         p95 = an.c3[an.c3["stat"] == "p95"]
-        per = "; ".join(f"{a.agent} {a.above}/{a.pairs} pairs above, median ratio {_fmt(a.median_ratio)} "
-                        f"[{_fmt(a.low)}, {_fmt(a.high)}], Holm p {_fmt(a.p_holm, 3)} (above), "
-                        f"{_fmt(a.p_below_holm, 3)} (below)" for a in p95.itertuples())
+        per = "; ".join(f"{a.agent} {a.above}/{a.pairs} pairs above, median ratio {fmt_value(a.median_ratio)} "
+                        f"[{fmt_value(a.low)}, {fmt_value(a.high)}], Holm p {fmt_value(a.p_holm, 3)} (above), "
+                        f"{fmt_value(a.p_below_holm, 3)} (below)" for a in p95.itertuples())
         best = p95.sort_values("p_holm").iloc[0]
-        return per, f"{best['agent']}: {best['above']}/{best['pairs']} above, ratio {_fmt(best['median_ratio'])}"
+        return per, f"{best['agent']}: {best['above']}/{best['pairs']} above, ratio {fmt_value(best['median_ratio'])}"
     if key == "C4":
-        rows = "; ".join(f"{'GRPO' if r.estimator == GRPO else 'Dr. MAS'} "
-                         + (f"{_fmt(r.lr50)} [{_fmt(r.low)}, {_fmt(r.high)}]" if not r.note else r.note)
+        rows = "; ".join(f"{estimator_label(r.estimator)} "
+                         + (f"{fmt_value(r.lr50)} [{fmt_value(r.low)}, {fmt_value(r.high)}]" if not r.note else r.note)
                          for r in an.c4.itertuples())
         ratio = an.c4.attrs.get("ratio", (math.nan,) * 3)
-        head = f"ratio {_fmt(ratio[0])} {_interval(ratio[1], ratio[2])}"
+        head = f"ratio {fmt_value(ratio[0])} {fmt_interval(ratio[1], ratio[2])}"
         return f"LR50: {rows}; Dr. MAS / GRPO {head}", head
     if key == "C5":
         up = an.c5.get("updates", pd.DataFrame())
-        parts = [f"clip {r.clip}, {r.model}: update ratio {_fmt(r.median_ratio)} ({r.above}/{r.pairs} pairs above)"
+        parts = [f"clip {r.clip}, {r.model}: update ratio {fmt_value(r.median_ratio)} ({r.above}/{r.pairs} pairs above)"
                  for r in up.itertuples()] if len(up) else []
         off = an.c5.get("off", {})
         if off:
-            parts.append(f"clip off: HR {_fmt(off.get('hr', math.nan))}, p {_fmt(off.get('p', math.nan), 3)}")
+            parts.append(f"clip off: HR {fmt_value(off.get('hr', math.nan))}, p {fmt_value(off.get('p', math.nan), 3)}")
         return "; ".join(parts) or "no clip-off runs finished", (parts[-1] if parts else "no data")
     auc = an.accuracy[an.accuracy["measure"] == "auc"]
     per = "; ".join(f"lr {r.lr:g}: {100 * r.diff:+.1f} pts [{100 * r.low:+.1f}, {100 * r.high:+.1f}], Holm p "
-                    f"{_fmt(r.p_holm, 3)}" for r in auc.itertuples())
+                    f"{fmt_value(r.p_holm, 3)}" for r in auc.itertuples())
     return per, f"{100 * auc['diff'].min():+.1f} to {100 * auc['diff'].max():+.1f} pts"
 
 
@@ -773,14 +397,40 @@ def judge(an: Confirmation | None, key: str) -> Judged:
                       design=CONFIRMATORY)
     ours, head = _ours(an, key)
     return Judged(claim, PAPER_STABLE, ours, an.verdicts[key], headline=head, paper_headline=PAPER_STABLE_HEADLINE,
-                  figures=("stability_gradnorm_search_confirm",), design=CONFIRMATORY)
+                  figures=(FIGURE,), design=CONFIRMATORY)
 
 
-def load_optional(path: Path | None) -> Confirmation | None:
-    """The round's analysis from its grid folder; None where the folder or its runs do not exist yet."""
+def load_optional(path: Path | None) -> GridData | None:
+    """The round's grid from its folder; None where the folder or its runs do not exist yet."""
     if path is None or not Path(path).is_dir() or not any(p.is_dir() for p in Path(path).iterdir()):
         return None
-    return analyze(load_grid(Path(path)))
+    return load_grid(Path(path))
+
+
+FIGURE = "stability_gradnorm_search_confirm"
+"""The round's Figure-4 analogue (main arm) in paper_figures/."""
+
+
+def _figures(an: Confirmation | None, out: Path) -> list[Path]:
+    if an is None:
+        return []
+    main_arm = an.events[an.events["arm"] == "main"]
+    return save(fig_gradnorm_over_steps(an.data, main_arm, collapses=main_arm, window=WINDOW), out, FIGURE)
+
+
+STUDY = Study(
+    name="confirmatory round",
+    analyze=lambda inputs: (analyze(inputs.grids["confirm"], inputs.seed, inputs.n_boot)
+                            if inputs.grids.get("confirm") is not None else None),
+    claims=tuple(ClaimSpec(key, judge=lambda an, key=key: judge(an, key), rule=rule,
+                           label=LABELS.get(key, (key, ""))[0], gloss=LABELS.get(key, (key, ""))[1])
+                 for key, (_, rule) in CLAIMS.items()),
+    figures=_figures,
+    grids=lambda an: [an.data] if an is not None else [],
+    option=Option("confirm", "the confirmatory stability round's grid directory, results/runs/stability_confirm "
+                             "(claims C1-C5, accuracy-confirm)", "pass the out_dir of a grid, e.g. results/runs/cpu"),
+    load=load_optional)
+"""The confirmatory round as a study of the report (:mod:`analysis.report`)."""
 
 
 if __name__ == "__main__":

@@ -28,20 +28,19 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
-from matplotlib import rc_context
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from drmas.algos import SpikeRule, spike_ratios
-from drmas.io import atomic_output
+from drmas.algos.catalog import GRPO
 
 from analysis.plotting import (BAND_LABELS, dodge, finish, flat_series, legend_below, legend_outside, mark_constant,
-                               min_span, plot_median_band, plot_points, scale_from_span, unique_handles)
+                               min_span, plot_median_band, plot_points, save, scale_from_span, unique_handles)
+from analysis.plotting import figure as _figure
 from analysis.runs import GridData
 from analysis.tables import ABLATION, ABLATION_ONLY, PAIRS, SETTINGS
 
@@ -54,34 +53,8 @@ COLORS = {"single_agent_grpo": "0.45", "sharing_grpo": "tab:orange", "sharing_dr
           "nonsharing:pooled_step": "tab:brown", "nonsharing:agent_traj": "tab:pink", "nonsharing:traj_agent": "tab:gray",
           "nonsharing:traj_traj": "tab:cyan"}
 SEED_STYLES = ("-", "--", ":", "-.")
-
-
-def _figure(w: float, h: float) -> Figure:
-    fig = Figure(figsize=(w, h))
-    FigureCanvasAgg(fig)
-    return fig
-
-
-STABLE_METADATA = {"png": {"Software": None}, "pdf": {"CreationDate": None}, "svg": {"Date": None}}
-"""Per format, the metadata that would change between two writes of the same figure (dates, the software
-stamp); left out, the same runs give byte-identical files (``tests/test_analysis.py``)."""
-
-
-def write_figure(fig: Figure, path: Path, fmt: str, **kw: Any) -> Path:
-    """``fig`` as ``fmt`` at ``path`` (atomic), byte-stable: no date or software stamp (:data:`STABLE_METADATA`)."""
-    with atomic_output(path) as tmp, rc_context({"svg.hashsalt": "drmas"}):
-        fig.savefig(str(tmp), format=fmt, metadata=STABLE_METADATA.get(fmt), **kw)
-    return Path(path)
-
-
-def save(fig: Figure | None, out_dir: Path, stem: str) -> list[Path]:
-    """Write ``stem.png`` (150 dpi) and ``stem.pdf``; nothing for ``None``."""
-    if fig is None:
-        return []
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return [write_figure(fig, out_dir / f"{stem}.png", "png", dpi=150, bbox_inches="tight"),
-            write_figure(fig, out_dir / f"{stem}.pdf", "pdf", bbox_inches="tight")]
+GRADNORM_FIGURES = tuple(f"gradnorm_{t}_{a}" for t in ("search", "math") for a in ("nonsharing", "sharing"))
+"""The stems of :func:`fig_gradnorm` per (task, assignment), as :func:`write_figures` writes them."""
 
 
 def _runs(data: GridData, task: str, settings: Sequence[str]) -> pd.DataFrame:
@@ -395,7 +368,7 @@ def fig_mechanism(points: pd.DataFrame) -> Figure | None:
     for (baseline, level, agent), g in points.groupby(["baseline", "level", "agent"]):
         color = cmap[levels.index(level)]
         marker = AGENT_MARKERS[agents.index(agent) % len(AGENT_MARKERS)]
-        face = color if baseline == "trajectory_grpo" else "none"
+        face = color if baseline == GRPO else "none"
         for ax, col in ((ax_n, "ratio"), (ax_a, "a2_ratio")):
             ax.scatter(g["factor"], g[col], marker=marker, facecolors=face, edgecolors=color, s=28, zorder=3)
     top = max(float(points["factor"].max()), 1.5) * 1.15
@@ -422,7 +395,7 @@ def fig_class_aware(points: pd.DataFrame) -> Figure | None:
     """Measured grad-norm ratio trajectory GRPO / Dr. MAS against its two predictions, per (level, seed, agent)
     of the mechanism sweep: the paper's √F (left) and the class-aware √(class factor) (right); one marker per
     agent, one colour per level (see analysis/class_aware.py). None without the class-aware metrics."""
-    p = points[points["baseline"] == "trajectory_grpo"] if len(points) else points
+    p = points[points["baseline"] == GRPO] if len(points) else points
     if p.empty or "pred_class" not in p or not np.isfinite(p["pred_class"].astype(float)).any():
         return None
     fig = _figure(10, 4.2)

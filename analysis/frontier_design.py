@@ -21,10 +21,11 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
+
+from analysis.stats import firth_fit
 
 logger = logging.getLogger(__name__)
 
@@ -41,23 +42,6 @@ MIN_LEVELS, MAX_LEVELS = 5, 8
 def ladder_level(j: int) -> float:
     """The j-th quarter-octave level, rounded to 3 significant digits (the value a config carries)."""
     return float(f"{LADDER_BASE * 2 ** (j / 4):.3g}")
-
-
-def firth_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """(b0, b1) of the Firth-penalised logistic regression of ``y`` (0/1) on ``x``. A sample without both outcomes
-    gives b1 = 0 (no slope is identified) and b0 at the Firth estimate of the one proportion."""
-    from firthmodels import FirthLogisticRegression
-
-    x = np.asarray(x, float)
-    y = np.asarray(y, int)
-    if y.min() == y.max():
-        n = len(y)
-        p = (y.sum() + 0.5) / (n + 1.0)  # Firth's estimate of a single proportion (Jeffreys)
-        return math.log(p / (1 - p)), 0.0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fit = FirthLogisticRegression(backend="numpy").fit(x[:, None], y)
-    return float(fit.intercept_), float(fit.coef_[0])
 
 
 def x50_of(b0: float, b1: float, lo: float, hi: float) -> float:

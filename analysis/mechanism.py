@@ -26,14 +26,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from analysis.claims import NOT_PRODUCED, NOT_REPRODUCED, NOT_RUN, REPRODUCED
+from drmas.algos.catalog import DRMAS, GRPO
+
+from analysis.claims import NOT_PRODUCED, NOT_REPRODUCED, NOT_RUN, REPRODUCED, Judged
+from analysis.figures import GRADNORM_FIGURES
 from analysis.runs import GridData
-from analysis.stats import spearman
+from analysis.stats import ALPHA, spearman
 
 FACTOR_REGIME = 2.0  # a mean factor from which the predicted second-moment inflation is "large"
 MIN_POINTS = 12  # fewest (level, seed, agent) points a verdict rests on
-REFERENCE = "drmas"
-BASELINES = ("trajectory_grpo", "pooled_grpo")
+REFERENCE = DRMAS
+BASELINES = (GRPO, "pooled_grpo")
 
 
 def _per_run_agent(data: GridData) -> pd.DataFrame:
@@ -105,7 +108,7 @@ class MechanismVerdict:
     per_agent: dict[str, tuple[int, float, float]] = field(default_factory=dict)
 
 
-def mechanism_verdict(points: pd.DataFrame, baseline: str = "trajectory_grpo") -> MechanismVerdict:
+def mechanism_verdict(points: pd.DataFrame, baseline: str = GRPO) -> MechanismVerdict:
     """Rule: no verdict ("not produced") unless the sweep makes some agent's mean factor reach
     :data:`FACTOR_REGIME` and gives >= :data:`MIN_POINTS` points; then "reproduced" if Spearman ρ(factor,
     ratio) > 0 with p < 0.05, else "not reproduced"."""
@@ -119,8 +122,8 @@ def mechanism_verdict(points: pd.DataFrame, baseline: str = "trajectory_grpo") -
         verdict, reason = NOT_RUN, f"{len(p)} points < {MIN_POINTS}"
     elif not fmax >= FACTOR_REGIME:
         verdict, reason = NOT_PRODUCED, f"largest mean factor {fmax:.2f} < {FACTOR_REGIME:g}: no heterogeneity to test"
-    elif np.isfinite(rho) and rho > 0 and pv < 0.05:
-        verdict, reason = REPRODUCED, f"rho = {rho:.2f} > 0 with p = {pv:.2g} < 0.05"
+    elif np.isfinite(rho) and rho > 0 and pv < ALPHA:
+        verdict, reason = REPRODUCED, f"rho = {rho:.2f} > 0 with p = {pv:.2g} < {ALPHA:g}"
     else:
         verdict, reason = NOT_REPRODUCED, f"rho = {rho:.2f}, p = {pv:.2g}"
     per_agent = {agent: (len(g), *spearman(g["factor"], g["ratio"])) for agent, g in p.groupby("agent")}
@@ -136,3 +139,80 @@ def level_table(points: pd.DataFrame) -> pd.DataFrame:
     return points.groupby(["baseline", "level", "agent"]).agg(
         seeds=("seed", "nunique"), factor=("factor", "mean"), factor_max=("factor_max", "max"),
         ratio=("ratio", "mean"), ratio_step0=("ratio_step0", "mean"), a2_ratio=("a2_ratio", "mean")).reset_index()
+
+
+# ------------------------------------------------------------------------------------------ claim a, first rule
+def claim_lemma(an) -> Judged:
+    """Claim (a) by its first rule (a :class:`analysis.claims.ClaimSpec` judge): the sweep's points ``an.mechanism``
+    when there are any, else the main grid's GRPO / Dr. MAS pairs ``an.pairs`` (:class:`analysis.main_grid.Analysis`)."""
+    paper = ("global baseline: E||A z||^2 grows with (σk² + (μk − μ)²)/σ² (Lemma 4.2), so the gradient norm "
+             "inflates when the factor does (Prop. 4.3)")
+    title = "Lemma 4.2 / Prop. 4.3: gradient-norm inflation under the global baseline"
+    p = an.pairs
+    main = _main_grid_factors(p)
+    if len(an.mechanism):
+        v = mechanism_verdict(an.mechanism, GRPO)
+        text = _mechanism_text(v, an.mechanism)
+        pooled = mechanism_verdict(an.mechanism, "pooled_grpo")
+        if pooled.n_points:
+            text += (f"; Pooled step-level GRPO (the other global baseline): largest mean factor {pooled.factor_max_mean:.2f} "
+                     f"(step max {pooled.factor_max_step:.2f}); rho(factor, grad-norm ratio) = {pooled.rho:.2f} (p = "
+                     f"{pooled.p:.2g}); rho(factor, E_k[A²] ratio) = {pooled.rho_a2:.2f} (p = {pooled.p_a2:.2g}); within one "
+                     f"agent: {_per_agent_text(pooled)}; the same rule would say: {pooled.verdict}")
+        return Judged(title, paper, text + "; main grid: " + main, v.verdict,
+                      headline=f"rho(factor, grad-norm ratio) = {v.rho:.2f} (p = {v.p:.2g}), {v.n_points} points",
+                      paper_headline=LEMMA_HEADLINE, figures=("mechanism",), short=LEMMA_SHORT)
+    if p.empty:
+        return Judged(title, paper, "no GRPO / Dr. MAS pair", NOT_RUN)
+    rho, pv = spearman(p["factor_mean_grpo"], p["ratio_mean"])
+    top = p.loc[p["factor_mean_grpo"].idxmax()] if p["factor_mean_grpo"].notna().any() else None
+    fmax = float(p["factor_mean_grpo"].max()) if top is not None else np.nan
+    ours = (f"{len(p)} (setting, seed, agent) pairs; largest mean factor under GRPO {fmax:.2f} "
+            f"({top['task']}/{top['assignment']}/{top['agent']}, step max {top['factor_max_grpo']:.2f})"
+            if top is not None else f"{len(p)} pairs; no lemma_factor logged")
+    ours += (f"; grad-norm ratio GRPO/Dr. MAS: median {p['ratio_mean'].median():.2f} (mean norm), "
+             f"{p['ratio_max'].median():.2f} (max norm); Spearman rho(factor, ratio) = "
+             + ("n/a" if not np.isfinite(rho) else f"{rho:.2f} (p = {pv:.2g})"))
+    if not np.isfinite(fmax):
+        verdict = NOT_RUN
+    elif fmax < FACTOR_REGIME:
+        verdict = NOT_PRODUCED
+    else:
+        verdict = REPRODUCED if np.isfinite(rho) and rho > 0 and pv < ALPHA else NOT_REPRODUCED
+    return Judged(title, paper, ours, verdict, paper_headline=LEMMA_HEADLINE, figures=GRADNORM_FIGURES, short=LEMMA_SHORT,
+                  headline=f"rho(factor, grad-norm ratio) = {rho:.2f} (p = {pv:.2g}), {len(p)} pairs"
+                  if np.isfinite(rho) else "")
+
+
+LEMMA_HEADLINE = "grad-norm ratio rises with the factor (rho > 0)"
+LEMMA_SHORT = "grad-norm inflation follows the Lemma factor"
+
+
+def _main_grid_factors(p: pd.DataFrame) -> str:
+    """The largest mean Lemma factor of a GRPO agent in the main grid, per task (with its step max)."""
+    if p.empty or "factor_mean_grpo" not in p or not p["factor_mean_grpo"].notna().any():
+        return "no GRPO / Dr. MAS pair with factors"
+    parts = []
+    for task, g in p.dropna(subset=["factor_mean_grpo"]).groupby("task"):
+        top = g.loc[g["factor_mean_grpo"].idxmax()]
+        parts.append(f"{task}: largest mean factor under GRPO {top['factor_mean_grpo']:.2f} ({top['assignment']}/"
+                     f"{top['agent']}, seed {top['seed']}, step max {top['factor_max_grpo']:.2f}; largest step max "
+                     f"{g['factor_max_grpo'].max():.2f}), grad-norm ratio GRPO/Dr. MAS median {g['ratio_mean'].median():.2f}")
+    return "; ".join(parts)
+
+
+def _mechanism_text(v: MechanismVerdict, points: pd.DataFrame) -> str:
+    lv = level_table(points[points["baseline"] == v.baseline])
+    per_level = ", ".join(f"{level:g}: {g['factor'].max():.2f} / {g.loc[g['factor'].idxmax(), 'ratio']:.2f}"
+                          for level, g in lv.groupby("level"))
+    return (f"sweep over miss rate {v.levels} x seeds {v.seeds}: {v.n_points} (level, seed, agent) points; largest mean "
+            f"factor under trajectory GRPO {v.factor_max_mean:.2f} (step max {v.factor_max_step:.2f}); per level, largest "
+            f"agent factor / its grad-norm ratio GRPO/Dr. MAS: {per_level}; Spearman rho(factor, ratio) = {v.rho:.2f} "
+            f"(p = {v.p:.2g}); at step 0 (identical rollouts) {v.rho_step0:.2f} (p = {v.p_step0:.2g}); rho(factor, E_k[A²] "
+            f"ratio) = {v.rho_a2:.2f} (p = {v.p_a2:.2g}); median ratio / √factor = {v.sqrt_fit:.2f} (Lemma: 1); within "
+            f"one agent (descriptive, not the rule): {_per_agent_text(v)}")
+
+
+def _per_agent_text(v: MechanismVerdict) -> str:
+    return ", ".join(f"{agent} rho {rho:.2f} (p = {pv:.2g}, {n} points)" if np.isfinite(rho) else f"{agent} n/a"
+                     for agent, (n, rho, pv) in sorted(v.per_agent.items()))

@@ -1,4 +1,4 @@
-"""Shared plotting helpers of the analysis figures (:mod:`analysis.figures`, :mod:`analysis.stability`): the parts
+"""Shared plotting helpers of the analysis figures (:mod:`analysis.figures`, :mod:`analysis.twins`): the parts
 every figure needs drawn the same way, so that a figure reads at a glance.
 
 * :func:`seed_band` / :func:`plot_median_band`: per estimator one line, the median over seeds, with a band
@@ -9,7 +9,8 @@ every figure needs drawn the same way, so that a figure reads at a glance.
   fixed y-range, instead of magnified noise;
 * :func:`plot_points` / :func:`min_span`: eval points with their intervals, joined by a line only from 3 points
   on, on a y-range that does not magnify a 1-point difference;
-* :func:`legend_outside` / :func:`legend_below`: legends that cover no data.
+* :func:`legend_outside` / :func:`legend_below`: legends that cover no data;
+* :func:`figure` / :func:`save`: a figure on the Agg canvas, written as byte-stable PNG and PDF.
 
 Every function draws on the axes it is given and returns what it computed; none keeps state.
 """
@@ -17,10 +18,16 @@ from __future__ import annotations
 
 import math
 import warnings
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
+from matplotlib import rc_context
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 from matplotlib.ticker import ScalarFormatter
+
+from drmas.io import atomic_output
 
 BAND_LABELS = {"minmax": "band: min-max over seeds", "iqr": "band: 25-75 % over seeds"}
 LOG_DECADES = 2.0
@@ -200,3 +207,33 @@ def unique_handles(*axes) -> tuple[list, list[str]]:
             if lab and not lab.startswith("_"):
                 seen.setdefault(lab, h)
     return list(seen.values()), list(seen)
+
+
+# ------------------------------------------------------------------------------------------ writing
+def figure(w: float, h: float) -> Figure:
+    """A ``w`` x ``h`` inch figure on the Agg canvas (no pyplot state)."""
+    fig = Figure(figsize=(w, h))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+STABLE_METADATA = {"png": {"Software": None}, "pdf": {"CreationDate": None}, "svg": {"Date": None}}
+"""Per format, the metadata that would change between two writes of the same figure (dates, the software
+stamp); left out, the same runs give byte-identical files (``tests/test_analysis.py``)."""
+
+
+def write_figure(fig: Figure, path: Path, fmt: str, **kw: Any) -> Path:
+    """``fig`` as ``fmt`` at ``path`` (atomic), byte-stable: no date or software stamp (:data:`STABLE_METADATA`)."""
+    with atomic_output(path) as tmp, rc_context({"svg.hashsalt": "drmas"}):
+        fig.savefig(str(tmp), format=fmt, metadata=STABLE_METADATA.get(fmt), **kw)
+    return Path(path)
+
+
+def save(fig: Figure | None, out_dir: Path, stem: str) -> list[Path]:
+    """Write ``stem.png`` (150 dpi) and ``stem.pdf``; nothing for ``None``."""
+    if fig is None:
+        return []
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return [write_figure(fig, out_dir / f"{stem}.png", "png", dpi=150, bbox_inches="tight"),
+            write_figure(fig, out_dir / f"{stem}.pdf", "pdf", bbox_inches="tight")]

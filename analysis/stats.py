@@ -1,5 +1,7 @@
-"""Statistics of the analysis: bootstrap CIs of avg@k / pass@k, the unbiased pass@k estimator, spike counts
-and the paired Dr. MAS vs GRPO test.
+"""Statistics every study shares: bootstrap CIs of avg@k / pass@k, the unbiased pass@k estimator, spike counts,
+the paired Dr. MAS vs GRPO test, the Holm correction and the one significance level :data:`ALPHA`, one bootstrap
+stream per claim (:func:`bootstrap_streams`), Kaplan-Meier medians, the logistic fit of an event on log2 of a level
+with its LR50 (:func:`lr50`), and the Firth-penalised logistic fit (:func:`firth_fit`, finite under separation).
 
 Array contract (one entry point per quantity, explicit RNG; the API shape of rliable's
 ``get_interval_estimates``): scores are ``(seeds, tasks)`` arrays of per-task scores in [0, 1] — one row per
@@ -16,6 +18,7 @@ averages the benchmark replicates (:func:`average_interval`).
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -30,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 N_BOOT = 2000
 ALPHA = 0.05
+"""The significance level of every test of the analysis (and 1 - the coverage of every interval)."""
 _BLOCK_ELEMENTS = 4_000_000  # bootstrap index block size (memory ~32 MB of int64 per block)
 
 
@@ -230,3 +234,132 @@ def kendall_tau(order_a: Sequence[str], order_b: Sequence[str]) -> float:
         return np.nan
     rank_b = {x: i for i, x in enumerate(order_b)}
     return float(sps.kendalltau(np.arange(len(common)), [rank_b[x] for x in common]).statistic)
+
+
+# ------------------------------------------------------------------------------------------ multiple tests
+def holm(p) -> np.ndarray:
+    """Holm-adjusted p-values (step-down, monotone, at most 1), in the order of ``p``."""
+    from statsmodels.stats.multitest import multipletests
+
+    p = np.asarray(p, float)
+    return multipletests(p, method="holm")[1] if len(p) else p
+
+
+def bootstrap_streams(seed: int, n: int) -> list[np.random.Generator]:
+    """``n`` independent generators spawned from ``seed`` (``numpy.random.SeedSequence``): one per claim, so that a
+    change to one claim's resampling leaves the others' intervals as they are."""
+    return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(n)]
+
+
+# ------------------------------------------------------------------------------------------ survival
+def km_median(time: np.ndarray, event: np.ndarray) -> tuple[float, float, float]:
+    """Kaplan-Meier median time to the event with its 95 % CI (inf: not reached)."""
+    from statsmodels.duration.survfunc import SurvfuncRight
+
+    if event.sum() == 0:
+        return math.inf, math.inf, math.inf
+    sf = SurvfuncRight(time, event)
+    median = sf.quantile(0.5)
+    with np.errstate(divide="ignore", invalid="ignore"):  # the CI's log-log transform at survival 1 or 0
+        low, high = sf.quantile_ci(0.5)
+    fix = lambda x: math.inf if x is None or not np.isfinite(x) else float(x)  # noqa: E731
+    return fix(median), fix(low), fix(high)
+
+
+# ------------------------------------------------------------------------------------------ logistic fits
+def separates(x: np.ndarray, y: np.ndarray) -> bool:
+    """Whether a logistic fit of y on x has no finite maximum: all-or-none, or every event at or above every
+    non-event. The quasi-complete case (events and non-events meet at one level, e.g. 5 of 6 at the lowest level and
+    all above it) separates too: its likelihood rises without bound as the slope grows, so a fitted LR50 there is
+    wherever the optimiser stopped."""
+    return y.min() == y.max() or x[y == 0].max() <= x[y == 1].min()
+
+
+def logistic(x: np.ndarray, y: np.ndarray) -> tuple[float, float] | None:
+    """(b0, b1) of a binomial GLM of y on x, or None where the fit separates (:func:`separates`) or its slope is not
+    positive."""
+    import warnings
+
+    import statsmodels.api as sm
+    from statsmodels.tools.sm_exceptions import PerfectSeparationWarning
+
+    if separates(x, y):
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PerfectSeparationWarning)
+        try:
+            fit = sm.GLM(y, sm.add_constant(x), family=sm.families.Binomial()).fit()
+        except (PerfectSeparationWarning, np.linalg.LinAlgError, ValueError):
+            return None
+    b0, b1 = map(float, fit.params)
+    return (b0, b1) if b1 > 0 else None
+
+
+def bracket(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Bounds of the level at which half the runs have the event, where the fit separates: the highest level at which
+    fewer than half did and the lowest at which more than half did (-inf / inf where no level is on that side; a level
+    at which exactly half did is LR50 itself)."""
+    levels = np.unique(x)
+    frac = np.array([y[x == v].mean() for v in levels])
+    if (frac == 0.5).any():
+        v = float(levels[frac == 0.5][0])
+        return v, v
+    below, above = levels[frac < 0.5], levels[frac > 0.5]
+    return (float(below.max()) if len(below) else -math.inf, float(above.min()) if len(above) else math.inf)
+
+
+def firth_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(b0, b1) of the Firth-penalised logistic regression of ``y`` (0/1) on ``x``. A sample without both outcomes
+    gives b1 = 0 (no slope is identified) and b0 at the Firth estimate of the one proportion."""
+    import warnings
+
+    from firthmodels import FirthLogisticRegression
+
+    x = np.asarray(x, float)
+    y = np.asarray(y, int)
+    if y.min() == y.max():
+        n = len(y)
+        p = (y.sum() + 0.5) / (n + 1.0)  # Firth's estimate of a single proportion (Jeffreys)
+        return math.log(p / (1 - p)), 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit = FirthLogisticRegression(backend="numpy").fit(x[:, None], y)
+    return float(fit.intercept_), float(fit.coef_[0])
+
+
+def lr50(x: np.ndarray, y: np.ndarray, edges: tuple[float, float], rng: np.random.Generator,
+         n_boot: int) -> tuple[dict, np.ndarray]:
+    """LR50 = 2^(-b0/b1) of the logistic fit of the event ``y`` on ``x`` = log2(level), with a parametric bootstrap
+    95 % CI (draws that separate sit at the grid's edge they point to; ``edges``: log2 of the lowest and highest
+    level of the grid); where the data separate (completely or quasi-completely, :func:`separates`), the bracket of
+    :func:`bracket`: "below" / "above" the grid (an interval open on that side: (0, lowest level] or [highest level,
+    inf)) or "between" two levels (the bootstrap then draws log2 LR50 uniformly in that interval: the data say no
+    more). Returns the row (``lr50``, ``low``, ``high``, ``note``) and the ``n_boot`` draws of log2 LR50."""
+    lo_edge, hi_edge = edges
+    fit = logistic(x, y)
+    if fit is None:
+        low, high = bracket(x, y) if separates(x, y) else (-math.inf, math.inf)
+        if low > high or (low == -math.inf and high == math.inf):  # the event does not rise with the level
+            return ({"lr50": math.nan, "low": 0.0, "high": math.inf,
+                     "note": "not identified (collapse does not rise with the lr)"}, np.full(n_boot, math.nan))
+        note = ("below the grid" if low == -math.inf else "above the grid" if high == math.inf else
+                f"at {2 ** low:.2g} (separated)" if low == high else
+                f"between {2 ** low:.2g} and {2 ** high:.2g} (separated)")
+        row = {"lr50": 2 ** low if low == high else math.nan, "low": 0.0 if low == -math.inf else 2 ** low,
+               "high": math.inf if high == math.inf else 2 ** high, "note": note}
+        # Outside the grid the edge only bounds LR50 (a ratio's interval is opened there); inside, a uniform draw.
+        low, high = max(low, lo_edge), min(high, hi_edge)
+        return row, (rng.uniform(low, high, n_boot) if high > low else np.full(n_boot, low))
+    b0, b1 = fit
+    p = 1 / (1 + np.exp(-(b0 + b1 * x)))
+    boot = []
+    for _ in range(n_boot):
+        yb = (rng.random(len(p)) < p).astype(int)
+        fb = logistic(x, yb)
+        if fb is None:
+            boot.append(lo_edge if yb.mean() >= 0.5 else hi_edge)
+        else:
+            boot.append(min(max(-fb[0] / fb[1], lo_edge - 2), hi_edge + 2))
+    boot = np.array(boot)
+    return ({"lr50": 2 ** (-b0 / b1), "low": 2 ** np.percentile(boot, 2.5), "high": 2 ** np.percentile(boot, 97.5),
+             "note": ""}, boot)

@@ -15,7 +15,6 @@ from the benchmark rows (``source="benchmarks"``, the default).
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -24,10 +23,12 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from drmas.io import atomic_write_text
+from drmas.algos.catalog import DRMAS, GRPO
 
 from analysis.claims import NOT_RUN
-from analysis.runs import GridData, benchmarks_of, setting_of
+from analysis.formatting import fmt_ci, fmt_gain, fmt_pct
+from analysis.runs import GridData, setting_of
+from analysis.views import benchmarks_of
 from analysis.stats import (N_BOOT, Interval, average_interval, bootstrap_ci, grad_norm_summary, paired_test,
                             task_scores)
 
@@ -58,10 +59,10 @@ class Variant:
 
 
 ABLATION = (
-    Variant("trajectory_grpo", "(mu,sigma) = GRPO", "nonsharing:(mu,sigma)=grpo"),
+    Variant(GRPO, "(mu,sigma) = GRPO", "nonsharing:(mu,sigma)=grpo"),
     Variant("drmas_mean_only", "(mu_k,sigma)", "nonsharing:(mu_k,sigma)"),
     Variant("drmas_std_only", "(mu,sigma_k)", "nonsharing:(mu,sigma_k)"),
-    Variant("drmas", "(mu_k,sigma_k) = Dr. MAS", "nonsharing:(mu_k,sigma_k)=drmas"),
+    Variant(DRMAS, "(mu_k,sigma_k) = Dr. MAS", "nonsharing:(mu_k,sigma_k)=drmas"),
     Variant("pooled_grpo", "pooled step-level (mu,sigma)", None),
     # the reference code's ablation branch (langfengQ/DrMAS@72d1dbc, docs/algorithms.md): the mean from one level,
     # the std from another, both inside each (task, agent) group; none of them is a paper column
@@ -72,7 +73,7 @@ ABLATION = (
 """Table 3's rows in table order; look one up by estimator with :data:`VARIANT`, never by position. A row not in
 the paper (``paper`` None) is left out of the tables where the grid did not run it."""
 VARIANT = {v.estimator: v for v in ABLATION}
-ABLATION_ONLY = tuple(v.ours for v in ABLATION if v.estimator not in ("trajectory_grpo", "drmas"))
+ABLATION_ONLY = tuple(v.ours for v in ABLATION if v.estimator not in (GRPO, DRMAS))
 """Our setting tags of the variants that run only for the ablation (Tables 1-2 use GRPO and Dr. MAS)."""
 PAPER_ABLATION_ORDER = ("(mu_k,sigma_k) = Dr. MAS", "(mu,sigma_k)", "(mu_k,sigma)", "(mu,sigma) = GRPO")
 
@@ -236,35 +237,6 @@ def ours_averages(acc: pd.DataFrame) -> pd.DataFrame:
     return a.reindex(columns=list(METRICS)).reset_index()
 
 
-# ------------------------------------------------------------------------------------------ formatting
-def fmt_pct(x: float, digits: int = 1) -> str:
-    return "—" if x is None or not np.isfinite(x) else f"{100 * x:.{digits}f}"
-
-
-def fmt_ci(mean: float, low: float, high: float, digits: int = 1, signed: bool = False) -> str:
-    """``45.3 ± 3.9`` in percent (± = half-width of the 95 % interval)."""
-    if mean is None or not np.isfinite(mean):
-        return NOT_RUN
-    sign = "+" if signed and mean > 0 else ""
-    half = (high - low) / 2 if np.isfinite(low) and np.isfinite(high) else np.nan
-    return f"{sign}{100 * mean:.{digits}f}" + (f" ± {100 * half:.{digits}f}" if np.isfinite(half) else "")
-
-
-def fmt_gain(g: float) -> str:
-    """A relative gain (tables only; REPORT.md gives gains in points, :func:`fmt_pts`)."""
-    return "—" if g is None or not np.isfinite(g) else f"{100 * g:+.1f} %"
-
-
-def fmt_pts(g: float) -> str:
-    """An absolute gain in percentage points: ``+3.2 pts`` (``g`` a fraction)."""
-    return "—" if g is None or not np.isfinite(g) else f"{100 * g:+.1f} pts"
-
-
-def fmt_ratio(r: float) -> str:
-    """A ratio of two costs or times: ``× 0.81`` (REPORT.md writes no relative change in percent)."""
-    return "—" if r is None or not np.isfinite(r) else f"× {r:.2f}"
-
-
 def accuracy_table(acc: pd.DataFrame, deltas: pd.DataFrame, metric: str, settings: Sequence[str] = SETTINGS) -> pd.DataFrame:
     """Formatted table of one metric: rows = benchmarks + Average, columns = settings, then Δ sharing and
     Δ non-sharing (Dr. MAS − GRPO, paired, with Wilcoxon p)."""
@@ -362,7 +334,7 @@ def ablation_long(final: pd.DataFrame, paper: pd.DataFrame, task: str, rng: np.r
     ran = set(final.loc[final["task"] == task, "setting"])
     variants = [v for v in ABLATION if v.paper is not None or v.ours in ran]
     acc = accuracy_long(final, task, rng, n_boot, settings=[v.ours for v in variants], seeds=seeds)
-    base = VARIANT["trajectory_grpo"].ours
+    base = VARIANT[GRPO].ours
     pairs = {v.ours: (v.ours, base) for v in variants if v.ours != base}
     f = final[(final["task"] == task) & final["seed"].isin(seeds)]
     deltas = paired_long(f, task, pairs, rng, n_boot)
@@ -496,50 +468,3 @@ def efficiency_summary(eff: pd.DataFrame, final: pd.DataFrame, rng: np.random.Ge
                         f"{m}_high": c["high"].iloc[0] if len(c) else np.nan})
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-# ------------------------------------------------------------------------------------------ writing
-def markdown(df: pd.DataFrame, index: bool = True, floatfmt: str = "{:.4g}") -> str:
-    """A GitHub Markdown table (no tabulate dependency); floats via ``floatfmt``, NaN as empty."""
-    d = df.reset_index() if index else df
-    if isinstance(d.columns, pd.MultiIndex):
-        d = d.copy()
-        d.columns = [" ".join(str(x) for x in c if str(x)) for c in d.columns]
-
-    def cell(v) -> str:
-        if isinstance(v, (float, np.floating)):
-            return "" if not math.isfinite(v) else floatfmt.format(v)
-        return str(v).replace("|", "\\|")
-
-    lines = ["| " + " | ".join(str(c) for c in d.columns) + " |", "|" + "---|" * len(d.columns)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in d.itertuples(index=False)]
-    return "\n".join(lines)
-
-
-def latex(df: pd.DataFrame, caption: str, label: str) -> str:
-    """LaTeX tabular (``DataFrame.to_latex``, booktabs); ``±`` becomes ``$\\pm$``, Δ ``$\\Delta$``."""
-    text = df.to_latex(escape=True, caption=caption, label=label, na_rep="", float_format="%.4g")
-    return text.replace("±", r"$\pm$").replace("Δ", r"$\Delta$").replace("μ", r"$\mu$").replace("σ", r"$\sigma$")
-
-
-def write_table(out_dir: Path, stem: str, shown: pd.DataFrame | Sequence[tuple[str, pd.DataFrame]],
-                numeric: pd.DataFrame | None, caption: str) -> list[Path]:
-    """``stem.md`` (caption + one or more formatted tables), ``stem.tex`` and ``stem.csv`` (``numeric`` when
-    given: the machine-readable long frame; else the formatted table)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    parts = [("", shown)] if isinstance(shown, pd.DataFrame) else list(shown)
-    md = [f"**{caption}**", ""]
-    tex = []
-    for title, frame in parts:
-        if title:
-            md += [f"*{title}*", ""]
-        md += [markdown(frame) if len(frame) else f"({NOT_RUN})", ""]
-        if len(frame):
-            tex.append(latex(frame, f"{caption} {title}".strip(), f"tab:{stem}{'-' + title.split()[0] if title else ''}"))
-    paths = [out_dir / f"{stem}.md", out_dir / f"{stem}.tex", out_dir / f"{stem}.csv"]
-    atomic_write_text(paths[0], "\n".join(md))
-    atomic_write_text(paths[1], "\n".join(tex) if tex else f"% {caption}: {NOT_RUN}\n")
-    csv = numeric if numeric is not None else (parts[0][1] if parts else pd.DataFrame())
-    atomic_write_text(paths[2], csv.to_csv(index=numeric is None))
-    return paths

@@ -16,7 +16,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from analysis.runs import final_evals, load_grid, run_averages
+from analysis.runs import load_grid
+from analysis.views import final_evals, run_averages
 from analysis.stats import (average_interval, bootstrap_ci, grad_norm_summary, kendall_tau, paired_test, pass_at_k,
                             task_scores)
 from analysis.tables import (DATA, headline_gain, load_paper, load_prices, paper_averages, paper_gain)
@@ -323,7 +324,7 @@ def test_report_end_to_end(grid, tmp_path):
 def test_official_ablation_rows_appear_only_where_run(tmp_path):
     """The reference code's ablation estimators are Table 3 rows (with their paired difference to (mu,sigma)) where the
     grid ran them, and absent where it did not; the paper's four rows are always there."""
-    from analysis.report import analyze, claim_ablation
+    from analysis.main_grid import analyze, claim_ablation
     from analysis.runs import load_grid
 
     root = make_grid(tmp_path / "g", tasks=("search",), seeds=(0,))
@@ -484,10 +485,11 @@ def test_report_opens_with_a_verdict_table_then_one_section_per_claim(grid, tmp_
     from analysis import report as rep
     from analysis.claims import FINDING, ClaimSpec, Judged
 
-    an = rep.analyze(load_grid(grid), n_boot=50)
+    inputs, given = rep.load_inputs(grid, seed=0, n_boot=50)
+    an = rep.assemble(inputs, given=given)
     bare = ClaimSpec("z", judge=lambda an: Judged("a new claim", "paper 1; more", "ours 2 (x; y); z 3", FINDING),
                      rule="a rule")
-    claims = [*rep.build_claims(an), bare.evaluate(an)]
+    claims = [*an.claims(), bare.evaluate(an)]
     figs = {"ablation_search": tmp_path / "figs" / "ablation_search.png"}
     text = rep.report_markdown(an, claims, tmp_path, tmp_path / "tables", list(figs.values()), grid)
     assert "The *design* column says which test judged a claim" in text.split("\n\n")[2]
@@ -504,6 +506,7 @@ def test_report_opens_with_a_verdict_table_then_one_section_per_claim(grid, tmp_
     assert "![ablation_search](figs/ablation_search.png)" in d and "Kendall tau" in d
     assert rep.summary_text(claims, Path("R.md")).splitlines()[-1] == "full report: R.md"
     # the (mu,sigma_k) variant's pre-clip norms are stated in words in d and f, with the runs' own numbers
+    an = an.analyses[0][1]
     gn = an.gradnorm[(an.gradnorm["task"] == "search") & an.gradnorm["seed"].isin(an.ablation_seeds["search"])]
     peaks = gn[gn["setting"] == "nonsharing:(mu,sigma_k)"].groupby("run")["max"].max()
     sentence = f"per-run peaks {peaks.min():.3g} to {peaks.max():.3g} over seeds"
@@ -514,7 +517,8 @@ def test_report_opens_with_a_verdict_table_then_one_section_per_claim(grid, tmp_
 def test_paper_gains_in_points():
     """The report's one convention: the paper's headline gains as absolute points, the mean Dr. MAS − GRPO of its
     Average rows over the four multi-agent settings (math: (2.2 + 3.6 + 4.5 + 2.6) / 4 = 3.225 points)."""
-    from analysis.tables import fmt_pts, paper_gain_pts
+    from analysis.formatting import fmt_pts
+    from analysis.tables import paper_gain_pts
 
     paper = load_paper()
     assert paper_gain_pts(paper, "math", "average_rows")["avg"] == pytest.approx(0.03225)
@@ -554,7 +558,8 @@ def test_committed_report_gives_gains_in_one_convention():
     text = COMMITTED.read_text()
     relative = re.compile(r"[+\-−]\d+(\.\d+)? ?%")
     assert not [line for line in text.splitlines() if relative.search(line)]
-    from analysis.tables import fmt_pts, paper_gain_pts
+    from analysis.formatting import fmt_pts
+    from analysis.tables import paper_gain_pts
 
     rows = {row[0]: row for row in _verdict_table(text)}
     for task in ("math", "search"):

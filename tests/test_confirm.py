@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from analysis import confirm
+from analysis.formatting import fmt_interval
 from analysis.runs import load_grid
 
 AGENTS = ("verifier", "search", "answer")
@@ -197,7 +198,7 @@ def test_frontier_outside_the_grid_leaves_the_ratio_open_on_that_side():
                          [{"estimator": "drmas", "lr": lr, "event": 0} for lr in lrs])
     _, low, high = confirm.frontier(apart, rng, n_boot=50).attrs["ratio"]
     assert low == pytest.approx(5.7e-4 / 2.8e-4) and high == math.inf
-    assert confirm._interval(low, high) == "[2.04, ∞]"
+    assert fmt_interval(low, high) == "[2.04, ∞]"
 
 
 def test_frontier_quasi_separation_is_a_bracket_not_a_fitted_point():

@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from analysis.frontier_design import (LADDER_BASE, MIN_LEVELS, firth_fit, frontier, ladder_level, levels_rule,
-                                      verdict, x50_of)
+from analysis.frontier_design import LADDER_BASE, MIN_LEVELS, frontier, ladder_level, levels_rule, verdict, x50_of
+from analysis.stats import firth_fit
 
 
 def test_verdict_reads_the_interval_against_the_margin():

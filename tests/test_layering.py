@@ -25,8 +25,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [  # bottom first; a module belongs 
                                                     "analysis.integrity", "analysis.stats", "analysis.runs",
                                                     "analysis.cli")),
     ("analysis: claims", ("analysis.theory", "analysis.tables", "analysis.mechanism", "analysis.class_aware",
-                          "analysis.figures", "analysis.stability")),
-    ("analysis: the confirmatory round", ("analysis.confirm",)),
+                          "analysis.figures")),
+    ("analysis: studies", ("analysis.main_grid", "analysis.sweep", "analysis.stability", "analysis.confirm")),
     ("analysis: the report", ("analysis.report", "analysis.notebooks")),
 ]
 PACKAGES = ("drmas", "envs", "analysis")

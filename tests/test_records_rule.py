@@ -172,7 +172,7 @@ def test_a_stability_run_whose_folder_is_gone_is_missing_in_its_summary_its_term
         assert "Runs finished: 3 of 4." in text and "- stab_grpo_lr0.0008_s0: no run folder (index.json says done)" in text
         assert text.count("**incomplete (3 of 4 runs)") == 3
     main = make_grid(tmp_path / "grid", tasks=("math",), seeds=(0,), extras=False)
-    report, verdicts = _report(main, tmp_path, stability_runs=[grid])
+    report, verdicts = _report(main, tmp_path, stability=[grid])
     assert f"- {grid}: stab_grpo_lr0.0008_s0: no run folder (index.json says done)" in _problems(report)
     assert all(verdicts[k][0].startswith("incomplete (3 of 4 runs)") for k in ("b-revisited", "g", "accuracy-over-time"))
 

@@ -10,7 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analysis import events as E
 from analysis import stability as S
+from analysis import stability_rules as R
+from analysis import twins as T
 from analysis.runs import load_grid
 from drmas.algos import ControlTokens, control_positions
 from drmas.orchestra.systems import MathLoop, SearchHierarchy
@@ -26,34 +29,34 @@ def _steps(reward, calls=None, skipped=None):
     frame = pd.DataFrame({"step": np.arange(n), "reward/mean": reward, "wg/m/grad_norm": np.ones(n),
                           "wg/m/skipped": np.zeros(n) if skipped is None else skipped})
     if calls is not None:
-        frame[S.SEARCH_CALLS] = calls
+        frame[E.SEARCH_CALLS] = calls
     return frame
 
 
 # ------------------------------------------------------------------------------------------ rule (g)
 def test_collapse_clauses():
     flat = np.full(60, 0.4)
-    assert S.collapse_of(_steps(flat, np.full(60, 1.5))).step is None
+    assert E.collapse_of(_steps(flat, np.full(60, 1.5))).step is None
     # reward 0.4 then 0.1 from step 20: the 10-step mean (steps t-9..t) at step 25 is (4 x 0.4 + 6 x 0.1) / 10
     # = 0.22 > 0.2 (half the peak 0.4), at step 26 (3 x 0.4 + 7 x 0.1) / 10 = 0.19, and stays below
     drop = np.r_[np.full(20, 0.4), np.full(40, 0.1)]
-    c = S.collapse_of(_steps(drop))
+    c = E.collapse_of(_steps(drop))
     assert (c.step, c.reason) == (26, "reward")
     # a drop that lasts 15 steps only: no collapse (M = 20)
     brief = np.r_[np.full(20, 0.4), np.full(15, 0.0), np.full(25, 0.4)]
-    assert S.collapse_of(_steps(brief)).step is None
+    assert E.collapse_of(_steps(brief)).step is None
     # Search calls 2.0 for 20 steps, then 0: the 10-step mean at step t holds 29 - t values of 2.0, so it is
     # 0.6 at step 26 and 0.4 < 0.5 (a quarter of 2.0) from step 27
     calls = np.r_[np.full(20, 2.0), np.zeros(40)]
-    c = S.collapse_of(_steps(flat, calls))
+    c = E.collapse_of(_steps(flat, calls))
     assert (c.step, c.reason) == (27, "search")
     # a run that logged no Search-calls key in the steps it never called the Search agent: the same
-    assert S.collapse_of(_steps(flat, np.where(calls > 0, calls, np.nan))).step == 27
+    assert E.collapse_of(_steps(flat, np.where(calls > 0, calls, np.nan))).step == 27
     skipped = np.zeros(60)
     skipped[45] = 1
-    c = S.collapse_of(_steps(flat, calls, skipped))
+    c = E.collapse_of(_steps(flat, calls, skipped))
     assert (c.step, c.reason) == (27, "search")  # the earliest clause wins
-    c = S.collapse_of(_steps(flat, None, skipped))
+    c = E.collapse_of(_steps(flat, None, skipped))
     assert (c.step, c.reason) == (45, "non-finite")
 
 
@@ -63,15 +66,15 @@ def test_a_missing_norm_is_no_update():
     frame.loc[10:40, "wg/m/grad_norm"] = np.nan  # e.g. the Answer agent never called
     frame.loc[10:40, "wg/m/skipped"] = np.nan
     frame["train/nonfinite"] = 0
-    assert S.collapse_of(frame).step is None
+    assert E.collapse_of(frame).step is None
     frame.loc[50, "train/nonfinite"] = 1
-    assert (S.collapse_of(frame).step, S.collapse_of(frame).reason) == (50, "non-finite")
+    assert (E.collapse_of(frame).step, E.collapse_of(frame).reason) == (50, "non-finite")
     # first movers: a missing norm moves nothing; a logged non-finite one (spike flag 1) does
     agents = pd.DataFrame({"step": np.arange(60), "agent": "answer", "grad_norm": np.ones(60), "spike": 0})
     agents.loc[20:30, ["grad_norm", "spike"]] = np.nan
-    assert S.moved_first(frame, agents)["grad_norm"] is None
+    assert R.moved_first(frame, agents)["grad_norm"] is None
     agents.loc[45, ["grad_norm", "spike"]] = (np.nan, 1)
-    assert S.moved_first(frame, agents)["grad_norm"] == 45
+    assert R.moved_first(frame, agents)["grad_norm"] == 45
 
 
 @pytest.mark.parametrize("unstable, levels", [
@@ -81,7 +84,7 @@ def test_a_missing_norm_is_no_update():
     ({5e-5: False, 2e-4: False, 8e-4: False, 3.2e-3: False}, [5e-5, 8e-4, 3.2e-3]),
 ])
 def test_dial_levels(unstable, levels):
-    assert S.dial_levels(unstable)[0] == pytest.approx(levels)
+    assert R.dial_levels(unstable)[0] == pytest.approx(levels)
 
 
 # ------------------------------------------------------------------------------------------ on a grid
@@ -181,7 +184,7 @@ def test_math_grid(tmp_path):
 
 
 def test_report_takes_one_grid_per_system(grid, tmp_path):
-    from analysis.report import stability_by_task
+    from analysis.stability import by_task as stability_by_task
 
     math = load_grid(make_stability_grid(tmp_path / "math", seeds=(0,), task="math"))
     both = stability_by_task([load_grid(grid), math], n_boot=50)
@@ -305,7 +308,7 @@ def test_zero_reward_clause_of_the_collapse_verdict():
 def test_the_figure_tells_not_called_from_non_finite():
     norms = np.array([[1.0, np.nan], [np.nan, np.inf], [np.nan, 2.0]])
     spikes = np.array([[0, np.nan], [1, 1], [np.nan, 0]])  # a logged NaN norm is a spike; a missing one has no flag
-    not_called, nonfinite = S.norm_marks(norms, spikes)
+    not_called, nonfinite = T.norm_marks(norms, spikes)
     assert not_called.tolist() == [[False, True], [False, False], [True, False]]
     assert nonfinite.tolist() == [[False, False], [True, True], [False, False]]
 
@@ -313,7 +316,10 @@ def test_the_figure_tells_not_called_from_non_finite():
 def test_the_stability_claims_get_labels_of_their_own_in_the_report():
     """The stability claims' keys (b-revisited, g, ... and their -math forms) become REPORT.md labels that no main-grid
     claim has: S-b, S-g, S-acc, S-b-math, ...; the committed report's table marks them exploratory."""
-    from analysis.report import CLAIMS, stability_label
+    from analysis.report import STUDIES
+    from analysis.stability import label_of as stability_label
+
+    CLAIMS = [spec for study in STUDIES for spec in study.claims]
 
     keys = [key for task in S.TASKS for key, _, _ in S.judges(task)]
     labels = [stability_label(key)[0] for key in keys]

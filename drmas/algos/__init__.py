@@ -13,7 +13,7 @@ from drmas.lazy import lazy_exports
 
 _HOMES: dict[str, tuple[str, ...]] = {
     "drmas.algos.catalog": ("ESTIMATOR_TERMS", "ESTIMATORS", "GLOBAL_BASELINES", "EstimatorTerms", "Conventions",
-                            "register_estimator"),
+                            "register_estimator", "estimator_label"),
     "drmas.algos.advantages": ("AdvantageResult", "compute_advantages", "segment_stats"),
     "drmas.algos.diagnostics": ("AgentGradNorms", "ControlTokens", "SpikeDetector", "SpikeRule", "class_factors",
                                 "control_positions", "class_sums", "first_nonfinite", "grad_norm", "lemma_factors",

@@ -51,16 +51,23 @@ class EstimatorTerms:
     setting: str | None = None
     """The estimator's part of a setting tag (``nonsharing_drmas``, ``nonsharing:(mu_k,sigma)``): the spelling
     of analysis/data/paper_tables.csv. ``None``: no paper column (its registry key is used)."""
+    label: str | None = None
+    """The estimator's name in prose, figures and reports (``GRPO``, ``Dr. MAS``); ``None``: its registry key."""
 
 
 REFERENCE_ABLATIONS: tuple[str, ...] = tuple(f"{mean}_{std}{suffix}" for mean in ("agent", "traj")
                                              for std in ("agent", "traj") for suffix in ("", "_uid"))
 """The official code's ablation branch: mean level, std level, and ``_uid`` when grouped by task only."""
 
+GRPO = "trajectory_grpo"
+"""The paper's baseline, vanilla GRPO (Eq. 2, as the reference code implements it)."""
+DRMAS = "drmas"
+"""The paper's method, Dr. MAS (Eq. 5)."""
+
 ESTIMATOR_TERMS: dict[str, EstimatorTerms] = {
-    "trajectory_grpo": EstimatorTerms("global", "grpo"),  # Eq. 2, as the reference code implements it
+    GRPO: EstimatorTerms("global", "grpo", "GRPO"),
     "pooled_grpo": EstimatorTerms("global", "pooled_step"),
-    "drmas": EstimatorTerms("agent-wise", "drmas"),  # Eq. 5
+    DRMAS: EstimatorTerms("agent-wise", "drmas", "Dr. MAS"),
     "drmas_mean_only": EstimatorTerms("mixed", "(mu_k,sigma)"),  # Table 3
     "drmas_std_only": EstimatorTerms("mixed", "(mu,sigma_k)"),  # Table 3
     **{name: EstimatorTerms("official branch") for name in REFERENCE_ABLATIONS},
@@ -69,6 +76,13 @@ ESTIMATOR_TERMS: dict[str, EstimatorTerms] = {
 }
 """The one declaration of the built-in estimators and their vocabulary, by registry key. A plug-in estimator
 without an entry has no family and is spelled by its key."""
+
+
+def estimator_label(name: str) -> str:
+    """The estimator's name in prose (:attr:`EstimatorTerms.label`), or its registry key without one."""
+    terms = ESTIMATOR_TERMS.get(name)
+    return terms.label if terms is not None and terms.label else name
+
 
 GLOBAL_BASELINES: tuple[str, ...] = tuple(k for k, t in ESTIMATOR_TERMS.items() if t.baseline == "global")
 """The global baselines (``trajectory_grpo``, ``pooled_grpo``): every run logs each agent's Lemma 4.2 factor and
