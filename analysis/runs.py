@@ -29,7 +29,9 @@ design and is usable. A run whose folder is missing (status ``missing``; ``todo`
 it), that is not ``done`` or has no final eval is kept in ``runs`` with ``usable = False`` and a ``problem``
 message, and is left out of :func:`final_evals` (tables compare finished runs only). Index, folders and runs used
 agree or the difference is listed in ``GridData.problems``: an index entry without its folder is a problem, a run
-folder the index does not list a note (:func:`unindexed_folders`). Without ``index.json`` the run folders are
+folder the index does not list a note (:func:`unindexed_folders`). A run's settings come from one source, its
+manifest's ``config``; where they disagree with its ``config.yaml``, its cell or the settings the index lists it
+under, it is not used and its problem names the keys (:func:`analysis.integrity.settings_problems`). Without ``index.json`` the run folders are
 discovered and tagged from their manifests (:func:`tags_from_manifest`); where those tags do not tell two runs
 apart, :func:`load_grid` refuses in one line.
 
@@ -49,6 +51,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from analysis.integrity import settings_problems
 from analysis.schema import degraded_note, record_problems, step_count_problems
 from drmas.algos import ESTIMATOR_TERMS
 from drmas.io import JsonlDamaged, read_jsonl_lines
@@ -308,6 +311,9 @@ def records_rule(path: Path, records: list[dict[str, Any]], keys: tuple[str, ...
 
 NOT_USED = "not used (which record is right cannot be told: rerun the run, or remove the wrong records)"
 """The end of the problem of a run whose records conflict."""
+SETTINGS_NOT_USED = ("not used (its records are not those of the settings it is listed under: rerun it under them, "
+                     "or regenerate index.json with `python -m experiments.grid run <spec>`)")
+"""The end of the problem of a run whose settings disagree (:func:`analysis.integrity.settings_problems`)."""
 
 
 def _canonical(record: dict[str, Any]) -> str:
@@ -398,6 +404,8 @@ def load_run(root: Path, entry: dict[str, Any]) -> RunRecords:
     steps = _step_frame(run, records)
     eval_rows = _eval_rows(run, evals)
     row["problem"] = _usability_problem(row, config, has_steps=steps is not None, has_evals=bool(eval_rows))
+    if settings := settings_problems(run_dir, entry, manifest, tags_from_manifest(manifest, run)):
+        row["problem"] = "; ".join([*([row["problem"]] if row["problem"] else []), *settings, SETTINGS_NOT_USED])
     row["usable"] = not row["problem"]
     degraded = degraded_note(run, records, evals)  # usable, but REPORT.md says where rewards count tool failures
     notes = tuple(n for n in (degraded, *_run_notes(run, run_dir, manifest)) if n)
