@@ -8,13 +8,18 @@
 
 A grid spec (YAML) names the checkpoints to warm up first (``sft``: configs whose missing model paths are
 SFT'd) and the runs: each entry is a config, overrides, seeds and the tags the analysis groups by (task,
-setting, estimator, assignment, table). A run directory is ``out_dir/<name>_s<seed>``; a run whose
+setting, estimator, assignment, table). Before any work the spec is validated (:mod:`experiments.grid_spec`:
+types, seeds distinct integers >= 0, run names that stay inside ``out_dir``; one line per problem naming the
+key, the value and the fix, as for a run config), then the config of every run as ``drmas train`` will get it
+(:func:`check_run_configs`), and the checkpoints the runs to compute start from must exist or be built by an
+``sft`` config; ``--seeds`` below 1 and an ``--only`` that selects no run are errors. A run directory is ``out_dir/<name>_s<seed>``; a run whose
 directory holds ``DONE`` of at least the run's ``train.steps`` is complete and is skipped, a run with a
 checkpoint resumes from it (``drmas train`` does that; also a finished run asked for more steps), so the
 runner can be interrupted and restarted at any point. Whether a run folder holds this run is decided by
 ``drmas train``'s rule (:mod:`drmas.config.identity`): a folder whose ``config.yaml`` differs from the config
 the grid gives now in a key of the run's identity (an edited YAML) is neither skipped nor resumed: the runner
-stops and lists the changed keys (``--stale rerun`` moves such folders aside). Runs execute as
+stops and lists the changed keys (``--stale rerun`` moves such folders aside; ``--stale keep`` leaves them, and
+a finished one stays a result of the settings it was made with only: index.json lists it ``stale``). Runs execute as
 subprocesses, ``--jobs`` at a time (one torch thread each: on 2 cores, two runs take the time of one).
 ``--jobs auto`` takes the number from the hardware (:func:`auto_jobs`): one run per core on the CPU, several
 runs sharing each GPU on a GPU machine (runs are spread over the GPUs with ``CUDA_VISIBLE_DEVICES``).
@@ -22,8 +27,11 @@ runs sharing each GPU on a GPU machine (runs are spread over the GPUs with ``CUD
 folder made on another device is the same run (``train.device`` is not part of a run's identity).
 ``--ray ADDRESS`` runs every command as a Ray task on that cluster instead (:class:`RayLauncher`): same queue,
 index and run folders; Ray places each run by its CPU/GPU needs.
-``index.json`` in ``out_dir`` lists every run with its tags, status and wall time; it is rewritten
-atomically after each run finishes.
+``index.json`` in ``out_dir`` lists every run with its config, overrides, tags, status and wall time; it is
+rewritten atomically after each run finishes, from the run folders, and only grows: a run it lists that a call
+does not give (another ``--seeds``) keeps its row, and a run keeps its wall time until a new one is measured.
+The analysis checks each run's settings against the config, overrides and seed it is listed under
+(:func:`analysis.integrity.settings_problems`).
 
 A sweep is a grid generated from one config and the cartesian product of ``--set key=v1,v2,...``:
 any config key can be swept (normalization variants, group size, learning rate, sharing via ``models``).
