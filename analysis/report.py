@@ -33,7 +33,7 @@ from analysis.integrity import data_problems_section
 from analysis.class_aware import RULE as CLASS_RULE
 from analysis.class_aware import claim_lemma_classes, class_points
 from analysis.mechanism import FACTOR_REGIME, MIN_POINTS, MechanismVerdict, level_table, mechanism_verdict
-from analysis.runs import GridData, GridLoadError, describe_scale, final_evals, load_grid
+from analysis.runs import GridData, GridLoadError, describe_scale, final_evals, load_grid, run_settings
 from analysis.stats import N_BOOT, kendall_tau, spearman
 from analysis import confirm, stability
 from analysis.tables import (ABLATION, ABLATION_ONLY, DATA, HEADLINE_POINTS, PAIRS, PAPER_ABLATION_ORDER, PRICES_YAML,
@@ -296,13 +296,12 @@ def ablation_peaks(an: Analysis, task: str = "search") -> pd.DataFrame:
 
 
 def _run_eps(an: Analysis, runs: Sequence[str]) -> float | None:
-    """The ε of the advantage denominator the runs were configured with (config.yaml's ``algo.eps``); None when
+    """The ε of the advantage denominator the runs were configured with (their settings' ``algo.eps``); None when
     the runs disagree or record none."""
     paths = an.data.runs.set_index("run")["path"]
     seen = set()
     for run in runs:
-        cfg = Path(str(paths.get(run, ""))) / "config.yaml"
-        seen.add((yaml.safe_load(cfg.read_text()) or {}).get("algo", {}).get("eps") if cfg.is_file() else None)
+        seen.add((run_settings(Path(str(paths.get(run, "")))).get("algo") or {}).get("eps"))
     return seen.pop() if len(seen) == 1 and None not in seen else None
 
 

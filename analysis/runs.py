@@ -129,6 +129,19 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def settings_of(manifest: dict[str, Any]) -> dict[str, Any]:
+    """A run's settings as every analysis reads them: its manifest's ``config`` (the one source;
+    :func:`analysis.integrity.settings_problems` checks its ``config.yaml``, cell and listing against it), {} when
+    the manifest records none."""
+    config = manifest.get("config") if isinstance(manifest, dict) else None
+    return config if isinstance(config, dict) else {}
+
+
+def run_settings(run_dir: Path) -> dict[str, Any]:
+    """:func:`settings_of` the manifest in ``run_dir`` ({} without a readable one)."""
+    return settings_of(_read_json(Path(run_dir) / "manifest.json") or {})
+
+
 def tags_from_manifest(manifest: dict[str, Any], run: str) -> dict[str, Any]:
     """Tags of a run without an index entry: task from ``env.name``, estimator from ``algo.estimator``,
     assignment from the agent -> model map (one agent: single; one model: sharing; several presets: hetero), entry
@@ -383,7 +396,7 @@ def load_run(root: Path, entry: dict[str, Any]) -> RunRecords:
     except JsonlDamaged as exc:
         return RunRecords(damaged=(str(exc).split(": not a JSON record")[0] + ": not a JSON record",))
     manifest = _read_json(run_dir / "manifest.json") or {}
-    config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+    config = settings_of(manifest)
     if invalid := _schema_problems(run_dir, row["status"], config, records, raw_evals):
         return RunRecords(invalid=tuple(invalid))  # docs/reliability.md §7
     evals = [e for e in raw_evals if "benchmark" in e and "step" in e]
