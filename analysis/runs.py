@@ -324,8 +324,8 @@ def records_rule(path: Path, records: list[dict[str, Any]], keys: tuple[str, ...
 
 NOT_USED = "not used (which record is right cannot be told: rerun the run, or remove the wrong records)"
 """The end of the problem of a run whose records conflict."""
-SETTINGS_NOT_USED = ("not used (its records are not those of the settings it is listed under: rerun it under them, "
-                     "or regenerate index.json with `python -m experiments.grid run <spec>`)")
+SETTINGS_NOT_USED = ("not used (its records are not those of the settings it is listed under: run it again under them, "
+                     "`python -m experiments.grid run <spec> --stale rerun`, or list it under the settings it was made with)")
 """The end of the problem of a run whose settings disagree (:func:`analysis.integrity.settings_problems`)."""
 
 

@@ -12,15 +12,15 @@ setting, estimator, assignment, table). Before any work the spec is validated (:
 types, seeds distinct integers >= 0, run names that stay inside ``out_dir``; one line per problem naming the
 key, the value and the fix, as for a run config), then the config of every run as ``drmas train`` will get it
 (:func:`check_run_configs`), and the checkpoints the runs to compute start from must exist or be built by an
-``sft`` config; ``--seeds`` below 1 and an ``--only`` that selects no run are errors. A run directory is ``out_dir/<name>_s<seed>``; a run whose
-directory holds ``DONE`` of at least the run's ``train.steps`` is complete and is skipped, a run with a
-checkpoint resumes from it (``drmas train`` does that; also a finished run asked for more steps), so the
-runner can be interrupted and restarted at any point. Whether a run folder holds this run is decided by
-``drmas train``'s rule (:mod:`drmas.config.identity`): a folder whose ``config.yaml`` differs from the config
+``sft`` config; ``--seeds`` below 1 and an ``--only`` that selects no run are errors. A run directory is
+``out_dir/<name>_s<seed>``; a run whose directory holds ``DONE`` of at least the run's ``train.steps`` is
+complete and is skipped, a run with a checkpoint resumes from it (``drmas train`` does that; also a finished
+run asked for more steps), so the runner can be interrupted and restarted at any point. Whether a run folder
+holds this run is decided by ``drmas train``'s rule (:mod:`drmas.config.identity`): a folder whose ``config.yaml`` differs from the config
 the grid gives now in a key of the run's identity (an edited YAML) is neither skipped nor resumed: the runner
 stops and lists the changed keys (``--stale rerun`` moves such folders aside; ``--stale keep`` leaves them, and
-a finished one stays a result of the settings it was made with only: index.json lists it ``stale``). Runs execute as
-subprocesses, ``--jobs`` at a time (one torch thread each: on 2 cores, two runs take the time of one).
+a finished one stays a result of the settings it was made with only: index.json lists it ``stale``). Runs
+execute as subprocesses, ``--jobs`` at a time (one torch thread each: on 2 cores, two runs take the time of one).
 ``--jobs auto`` takes the number from the hardware (:func:`auto_jobs`): one run per core on the CPU, several
 runs sharing each GPU on a GPU machine (runs are spread over the GPUs with ``CUDA_VISIBLE_DEVICES``).
 ``--device`` (default ``auto``: a GPU when torch sees one) is handed to every run as ``train.device``; a run

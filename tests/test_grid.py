@@ -83,6 +83,7 @@ BAD_SPECS = {  # spec text -> what the one error names: the key, the value and t
         r"run a_s0 .*train.steps: Input should be a valid integer.*\(got 'abc'\); fix: write an integer",
     f"sft: [{MATH}, 3]\nruns: [{{name: a, config: {MATH}}}]": r"sft\[1\]: Input should be a valid string \(got 3\)",
     f"requires_gpu: maybe\nruns: [{{name: a, config: {MATH}}}]": r"requires_gpu: Input should be a valid boolean",
+    f"runs: [{{name: a, config: {MATH}, seedz: [1]}}]": r"runs\[0\].seedz: unknown key; fix: did you mean `seeds`\?",
 }
 
 
