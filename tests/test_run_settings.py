@@ -74,20 +74,24 @@ def test_a_run_made_at_another_learning_rate_than_its_listing_is_left_out_and_na
 
 
 def test_config_yaml_that_disagrees_with_the_manifest_and_a_run_in_another_cell_are_data_problems(tmp_path):
-    """The manifest's ``config`` is the source; a config.yaml that says otherwise, and an index entry whose
-    estimator tag is not the run's estimator, each make the run unusable with a line naming the keys."""
+    """The manifest's ``config`` is the source; a config.yaml that says otherwise, an index entry whose estimator tag
+    is not the run's estimator, and a finished run listed at more steps than it made each make the run unusable
+    with a line naming the keys."""
     grid = _with_settings(make_confirm_grid(tmp_path / "conf", seeds=[0]))
-    other = "conf_drmas_lr0.0004_s0"
+    other, longer = "conf_drmas_lr0.0004_s0", "conf_drmas_lr0.00028_s0"
     saved = grid / RUN / "config.yaml"
     saved.write_text(saved.read_text().replace("clip_high: 0.28", "clip_high: 0.2"))
     index = json.loads((grid / "index.json").read_text())
     next(e for e in index["runs"] if e["run"] == other)["estimator"] = "trajectory_grpo"
+    next(e for e in index["runs"] if e["run"] == longer)["overrides"].append(f"train.steps={STEPS + 20}")
     (grid / "index.json").write_text(json.dumps(index))
     data = load_grid(grid)
     assert "its config.yaml disagrees with its manifest.json config (algo.clip_high (0.28 -> 0.2))" in _problem_of(data, RUN)
     assert ("index.json puts it in another cell than its settings say (estimator ('drmas' -> 'trajectory_grpo'))"
             in _problem_of(data, other))
-    assert [line.split(":")[0] for line in data.problems] == [RUN, other]
+    assert (f"index.json lists it under other settings than it was made with (train.steps ({STEPS} -> {STEPS + 20}))"
+            in _problem_of(data, longer))
+    assert sorted(line.split(":")[0] for line in data.problems) == sorted([RUN, other, longer])
     manifest = json.loads((grid / RUN / "manifest.json").read_text())
     del manifest["config"]
     (grid / RUN / "manifest.json").write_text(json.dumps(manifest))
