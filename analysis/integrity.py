@@ -44,14 +44,15 @@ def settings_problems(run_dir: Path, entry: dict[str, Any], manifest: dict[str, 
     with the index ``entry``'s cell tags (:data:`CELL_TAGS`; ``cell``: those tags as its settings give them,
     :func:`analysis.runs.tags_from_manifest`) or with the settings ``entry`` lists it under (its ``config``,
     ``overrides`` and ``seed``): one line each, the keys as ``key (the run's value -> the other's)``. Checked for run
-    folders ``drmas train`` wrote (they hold ``config.yaml``); every key of the identity counts, ``train.steps``
-    included (a finished run is a result of the steps it made)."""
+    folders ``drmas train`` wrote (they hold ``config.yaml``, and its manifest records a ``config_hash``); every key
+    of the identity counts, ``train.steps`` included (a finished run is a result of the steps it made)."""
     from drmas.config import ConfigError, load_config
     from drmas.config.identity import config_changes, listed_config
     from drmas.config.loader import validate_config
 
-    if not (run_dir / "config.yaml").is_file():
-        return []
+    saved_file = run_dir / "config.yaml"
+    if not saved_file.is_file() and "config_hash" not in manifest:
+        return []  # not a folder drmas train wrote (a synthetic one): no second record to check against
     if not isinstance(manifest.get("config"), dict):
         return ["its manifest.json records no config (the source of its settings); restore it or rerun the run"]
     try:
@@ -60,11 +61,13 @@ def settings_problems(run_dir: Path, entry: dict[str, Any], manifest: dict[str, 
         return [f"its manifest.json config (the source of its settings) does not load: {_last_line(exc)}"]
     problems = []
     try:
-        saved = load_config(run_dir / "config.yaml", [])
+        saved = load_config(saved_file, []) if saved_file.is_file() else None
     except ConfigError as exc:
         problems.append(f"its config.yaml does not load: {_last_line(exc)}")
     else:
-        if changes := config_changes(made, saved, growable=()):
+        if saved is None:
+            problems.append("its config.yaml is missing (drmas train writes it with manifest.json); restore it")
+        elif changes := config_changes(made, saved, growable=()):
             problems.append(f"its config.yaml disagrees with its manifest.json config ({_listing(changes)})")
     differing = [f"{tag} ({cell[tag]!r} -> {entry[tag]!r})" for tag in CELL_TAGS
                  if entry.get(tag) is not None and tag in cell and str(entry[tag]) != str(cell[tag])]

@@ -92,7 +92,10 @@ def test_config_yaml_that_disagrees_with_the_manifest_and_a_run_in_another_cell_
     assert (f"index.json lists it under other settings than it was made with (train.steps ({STEPS} -> {STEPS + 20}))"
             in _problem_of(data, longer))
     assert sorted(line.split(":")[0] for line in data.problems) == sorted([RUN, other, longer])
-    manifest = json.loads((grid / RUN / "manifest.json").read_text())
+    manifest = {**json.loads((grid / RUN / "manifest.json").read_text()), "config_hash": "0" * 64}
+    (grid / RUN / "manifest.json").write_text(json.dumps(manifest))
+    saved.unlink()  # a folder drmas train wrote (its manifest records a config_hash) without config.yaml
+    assert "its config.yaml is missing (drmas train writes it with manifest.json)" in _problem_of(load_grid(grid), RUN)
     del manifest["config"]
     (grid / RUN / "manifest.json").write_text(json.dumps(manifest))
     assert "its manifest.json records no config (the source of its settings)" in _problem_of(load_grid(grid), RUN)
