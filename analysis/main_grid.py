@@ -24,7 +24,7 @@ from analysis.class_aware import RULE as CLASS_RULE
 from analysis.class_aware import claim_lemma_classes, class_points
 from analysis.formatting import fmt_ci, fmt_gain, fmt_pts, fmt_ratio, write_table
 from analysis.mechanism import FACTOR_REGIME, MIN_POINTS, claim_lemma
-from analysis.runs import GridData
+from analysis.runs import GridData, run_settings
 from analysis.views import describe_scale, final_evals
 from analysis.stats import N_BOOT, kendall_tau
 from analysis.tables import (ABLATION, ABLATION_ONLY, DATA, HEADLINE_POINTS, PAIRS, PAPER_ABLATION_ORDER,
@@ -182,13 +182,12 @@ def ablation_peaks(an: Analysis, task: str = "search") -> pd.DataFrame:
 
 
 def _run_eps(an: Analysis, runs: Sequence[str]) -> float | None:
-    """The ε of the advantage denominator the runs were configured with (config.yaml's ``algo.eps``); None when
+    """The ε of the advantage denominator the runs were configured with (their settings' ``algo.eps``); None when
     the runs disagree or record none."""
     paths = an.data.runs.set_index("run")["path"]
     seen = set()
     for run in runs:
-        cfg = Path(str(paths.get(run, ""))) / "config.yaml"
-        seen.add((yaml.safe_load(cfg.read_text()) or {}).get("algo", {}).get("eps") if cfg.is_file() else None)
+        seen.add((run_settings(Path(str(paths.get(run, "")))).get("algo") or {}).get("eps"))
     return seen.pop() if len(seen) == 1 and None not in seen else None
 
 

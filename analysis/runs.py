@@ -29,7 +29,9 @@ design and is usable. A run whose folder is missing (status ``missing``; ``todo`
 it), that is not ``done`` or has no final eval is kept in ``runs`` with ``usable = False`` and a ``problem``
 message, and is left out of :func:`final_evals` (tables compare finished runs only). Index, folders and runs used
 agree or the difference is listed in ``GridData.problems``: an index entry without its folder is a problem, a run
-folder the index does not list a note (:func:`unindexed_folders`). Without ``index.json`` the run folders are
+folder the index does not list a note (:func:`unindexed_folders`). A run's settings come from one source, its
+manifest's ``config``; where they disagree with its ``config.yaml``, its cell or the settings the index lists it
+under, it is not used and its problem names the keys (:func:`analysis.integrity.settings_problems`). Without ``index.json`` the run folders are
 discovered and tagged from their manifests (:func:`tags_from_manifest`); where those tags do not tell two runs
 apart, :func:`load_grid` refuses in one line.
 
@@ -49,6 +51,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from analysis.integrity import settings_problems
 from analysis.schema import degraded_note, record_problems, step_count_problems
 from drmas.algos import ESTIMATOR_TERMS
 from drmas.io import JsonlDamaged, read_jsonl_lines
@@ -124,6 +127,19 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError):
         return None
+
+
+def settings_of(manifest: dict[str, Any]) -> dict[str, Any]:
+    """A run's settings as every analysis reads them: its manifest's ``config`` (the one source;
+    :func:`analysis.integrity.settings_problems` checks its ``config.yaml``, cell and listing against it), {} when
+    the manifest records none."""
+    config = manifest.get("config") if isinstance(manifest, dict) else None
+    return config if isinstance(config, dict) else {}
+
+
+def run_settings(run_dir: Path) -> dict[str, Any]:
+    """:func:`settings_of` the manifest in ``run_dir`` ({} without a readable one)."""
+    return settings_of(_read_json(Path(run_dir) / "manifest.json") or {})
 
 
 def tags_from_manifest(manifest: dict[str, Any], run: str) -> dict[str, Any]:
@@ -308,6 +324,9 @@ def records_rule(path: Path, records: list[dict[str, Any]], keys: tuple[str, ...
 
 NOT_USED = "not used (which record is right cannot be told: rerun the run, or remove the wrong records)"
 """The end of the problem of a run whose records conflict."""
+SETTINGS_NOT_USED = ("not used (its records are not those of the settings it is listed under: run it again under them, "
+                     "`python -m experiments.grid run <spec> --stale rerun`, or list it under the settings it was made with)")
+"""The end of the problem of a run whose settings disagree (:func:`analysis.integrity.settings_problems`)."""
 
 
 def _canonical(record: dict[str, Any]) -> str:
@@ -377,7 +396,7 @@ def load_run(root: Path, entry: dict[str, Any]) -> RunRecords:
     except JsonlDamaged as exc:
         return RunRecords(damaged=(str(exc).split(": not a JSON record")[0] + ": not a JSON record",))
     manifest = _read_json(run_dir / "manifest.json") or {}
-    config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+    config = settings_of(manifest)
     if invalid := _schema_problems(run_dir, row["status"], config, records, raw_evals):
         return RunRecords(invalid=tuple(invalid))  # docs/reliability.md §7
     evals = [e for e in raw_evals if "benchmark" in e and "step" in e]
@@ -398,6 +417,8 @@ def load_run(root: Path, entry: dict[str, Any]) -> RunRecords:
     steps = _step_frame(run, records)
     eval_rows = _eval_rows(run, evals)
     row["problem"] = _usability_problem(row, config, has_steps=steps is not None, has_evals=bool(eval_rows))
+    if settings := settings_problems(run_dir, entry, manifest, tags_from_manifest(manifest, run)):
+        row["problem"] = "; ".join([*([row["problem"]] if row["problem"] else []), *settings, SETTINGS_NOT_USED])
     row["usable"] = not row["problem"]
     degraded = degraded_note(run, records, evals)  # usable, but REPORT.md says where rewards count tool failures
     notes = tuple(n for n in (degraded, *_run_notes(run, run_dir, manifest)) if n)

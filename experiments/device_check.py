@@ -30,6 +30,7 @@ import yaml
 
 from experiments.device_report import best_lanes, concurrency_table, load_metrics, run_timing
 from experiments.grid import ROOT, auto_jobs, hardware, load_grid
+from experiments.grid_spec import RESERVED_TAGS
 
 logger = logging.getLogger("experiments.device_check")
 
@@ -75,7 +76,7 @@ def prepare(grid_spec: str, work: Path, name: str, steps: int, sft_steps: int, c
         for copy in range(copies):
             runs.append({"name": entry if copies == 1 else f"{entry}_c{copy}", "config": derived(run.config),
                          "overrides": [*run.overrides, *(extra or [])], "seeds": [0],
-                         "tags": {**run.tags, "entry": entry}})
+                         "tags": {k: v for k, v in run.tags.items() if k not in RESERVED_TAGS}})  # entry, seed: the runner's
     if not runs:
         raise ValueError(f"{grid_spec}: no entry matches {only!r}")
     spec = {"name": f"{grid.name}-{name}", "out_dir": str((folder / "runs").resolve()),

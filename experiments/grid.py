@@ -8,22 +8,30 @@
 
 A grid spec (YAML) names the checkpoints to warm up first (``sft``: configs whose missing model paths are
 SFT'd) and the runs: each entry is a config, overrides, seeds and the tags the analysis groups by (task,
-setting, estimator, assignment, table). A run directory is ``out_dir/<name>_s<seed>``; a run whose
-directory holds ``DONE`` of at least the run's ``train.steps`` is complete and is skipped, a run with a
-checkpoint resumes from it (``drmas train`` does that; also a finished run asked for more steps), so the
-runner can be interrupted and restarted at any point. Whether a run folder holds this run is decided by
-``drmas train``'s rule (:mod:`drmas.config.identity`): a folder whose ``config.yaml`` differs from the config
+setting, estimator, assignment, table). Before any work the spec is validated (:mod:`experiments.grid_spec`:
+types, seeds distinct integers >= 0, run names that stay inside ``out_dir``; one line per problem naming the
+key, the value and the fix, as for a run config), then the config of every run as ``drmas train`` will get it
+(:func:`check_run_configs`), and the checkpoints the runs to compute start from must exist or be built by an
+``sft`` config; ``--seeds`` below 1 and an ``--only`` that selects no run are errors. A run directory is
+``out_dir/<name>_s<seed>``; a run whose directory holds ``DONE`` of at least the run's ``train.steps`` is
+complete and is skipped, a run with a checkpoint resumes from it (``drmas train`` does that; also a finished
+run asked for more steps), so the runner can be interrupted and restarted at any point. Whether a run folder
+holds this run is decided by ``drmas train``'s rule (:mod:`drmas.config.identity`): a folder whose ``config.yaml`` differs from the config
 the grid gives now in a key of the run's identity (an edited YAML) is neither skipped nor resumed: the runner
-stops and lists the changed keys (``--stale rerun`` moves such folders aside). Runs execute as
-subprocesses, ``--jobs`` at a time (one torch thread each: on 2 cores, two runs take the time of one).
+stops and lists the changed keys (``--stale rerun`` moves such folders aside; ``--stale keep`` leaves them, and
+a finished one stays a result of the settings it was made with only: index.json lists it ``stale``). Runs
+execute as subprocesses, ``--jobs`` at a time (one torch thread each: on 2 cores, two runs take the time of one).
 ``--jobs auto`` takes the number from the hardware (:func:`auto_jobs`): one run per core on the CPU, several
 runs sharing each GPU on a GPU machine (runs are spread over the GPUs with ``CUDA_VISIBLE_DEVICES``).
 ``--device`` (default ``auto``: a GPU when torch sees one) is handed to every run as ``train.device``; a run
 folder made on another device is the same run (``train.device`` is not part of a run's identity).
 ``--ray ADDRESS`` runs every command as a Ray task on that cluster instead (:class:`RayLauncher`): same queue,
 index and run folders; Ray places each run by its CPU/GPU needs.
-``index.json`` in ``out_dir`` lists every run with its tags, status and wall time; it is rewritten
-atomically after each run finishes.
+``index.json`` in ``out_dir`` lists every run with its config, overrides, tags, status and wall time; it is
+rewritten atomically after each run finishes, from the run folders, and only grows: a run it lists that a call
+does not give (another ``--seeds``) keeps its row, and a run keeps its wall time until a new one is measured.
+The analysis checks each run's settings against the config, overrides and seed it is listed under
+(:func:`analysis.integrity.settings_problems`).
 
 A sweep is a grid generated from one config and the cartesian product of ``--set key=v1,v2,...``:
 any config key can be swept (normalization variants, group size, learning rate, sharing via ``models``).
@@ -45,15 +53,19 @@ from pathlib import Path
 from typing import Any, Callable
 
 import yaml
+from pydantic import ValidationError
 
-from drmas.config.identity import STALE_POLICIES, move_aside, saved_config_changes
+from drmas.config.errors import format_validation_error
+from drmas.config.identity import (GRID_KEYS, STALE_POLICIES, grid_overrides, in_repository, listed_config, move_aside,
+                                   saved_config_changes)
+from drmas.config.schema import check_run_name
 from drmas.io import atomic_write_json
 from drmas.locks import FolderLocked, describe_holder, folder_lock, live_holder
 from drmas.shutdown import children_end_with_me, die_with_parent
+from experiments.grid_spec import ROOT, GridSpec
 
 logger = logging.getLogger("experiments.grid")
 DEVICES = ("auto", "cpu", "cuda")
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -74,15 +86,13 @@ class Run:
 
     def train_overrides(self, out_dir: Path) -> list[str]:
         """The overrides ``drmas train`` gets: the run's name, folder and seed, then the entry's own."""
-        return [f"name={self.name}", f"out_dir={out_dir}", f"train.seed={self.seed}", *self.overrides]
+        return grid_overrides(self.name, out_dir, self.seed, self.overrides)
 
     def effective_config(self, out_dir: Path) -> Any:
         """The validated config ``drmas train`` gets for this run in ``out_dir``, without ``--device`` (not part
         of a run's identity); read once per ``Run``."""
         if out_dir not in self._configs:
-            from drmas.config import load_config
-
-            self._configs[out_dir] = load_config(_in_repo(self.config), self.train_overrides(out_dir))
+            self._configs[out_dir] = listed_config(self.config, self.overrides, self.name, out_dir, self.seed)
         return self._configs[out_dir]
 
     def command(self, out_dir: Path, device: str = "auto") -> list[str]:
@@ -148,6 +158,14 @@ def least_busy_gpu(gpus: int, busy: list[int]) -> int:
     return min(range(gpus), key=lambda g: (busy.count(g), g))
 
 
+def parse_seeds(text: str) -> int:
+    """``--seeds``: the number of seeds per entry, >= 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--seeds {text!r}: give the number of seeds per entry, >= 1 (the runs take "
+                                         "seeds 0 .. N-1); leave it out to use the spec's seeds")
+    return int(text)
+
+
 def parse_jobs(text: str) -> int | str:
     """``--jobs``: a positive number or ``auto``."""
     if text == "auto":
@@ -158,44 +176,101 @@ def parse_jobs(text: str) -> int | str:
 
 
 def load_grid(path: str | Path, seeds: int | None = None) -> Grid:
-    """Read a grid spec; ``seeds`` (if given) replaces every entry's seed list by ``range(seeds)``."""
+    """Read and validate a grid spec (:mod:`experiments.grid_spec`), then the config of every run it gives
+    (:func:`check_run_configs`), before any work; ``seeds`` (if given, >= 1) replaces every entry's seed list by
+    ``range(seeds)``. Raises :class:`GridError` naming the file, the key, the value and the fix."""
     path = Path(path)
     if not path.is_file():
-        raise GridError(f"grid spec {path} does not exist")
-    spec = yaml.safe_load(path.read_text()) or {}
-    unknown = set(spec) - {"name", "out_dir", "sft", "runs", "requires_gpu", "defaults"}
-    if unknown:
-        raise GridError(f"{path}: unknown top-level keys {sorted(unknown)}")
-    defaults = spec.get("defaults", {})
+        raise GridError(f"grid spec {path} does not exist; pass a spec file, e.g. experiments/grids/cpu.yaml")
+    if seeds is not None and seeds < 1:
+        raise GridError(f"--seeds {seeds}: give the number of seeds per entry, >= 1 (the runs take seeds 0 .. N-1); "
+                        "leave it out to use the spec's seeds")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise GridError(f"grid spec {path} is not valid YAML: {' '.join(str(exc).split())}") from None
+    if not isinstance(data, dict):
+        raise GridError(f"grid spec {path} must hold a mapping at the top level (name, out_dir, sft, defaults, runs), "
+                        f"not {type(data).__name__}: {_short(data)}")
+    try:
+        spec = GridSpec.model_validate(data)
+    except ValidationError as err:
+        raise GridError(format_validation_error(err, str(path), GridSpec, "grid spec")) from None
     runs = []
-    for i, entry in enumerate(spec.get("runs", [])):
-        entry = {**defaults, **entry}
-        missing = {"name", "config"} - set(entry)
-        if missing:
-            raise GridError(f"{path}: runs[{i}] lacks {sorted(missing)}")
-        config = entry["config"]
-        if not (ROOT / config).is_file():
-            raise GridError(f"{path}: runs[{i}] ({entry['name']}): config {config} does not exist")
-        entry_seeds = list(range(seeds)) if seeds else list(entry.get("seeds", [0]))
-        for seed in entry_seeds:
-            runs.append(Run(name=f"{entry['name']}_s{seed}", config=config, overrides=list(entry.get("overrides", [])),
-                            seed=int(seed), tags={**entry.get("tags", {}), "entry": entry["name"], "seed": int(seed)}))
+    for entry in spec.runs:
+        given = spec.settings(entry)
+        for seed in (list(range(seeds)) if seeds else given["seeds"]):
+            runs.append(Run(name=f"{entry.name}_s{seed}", config=given["config"], overrides=list(given["overrides"]),
+                            seed=seed, tags={**given["tags"], "entry": entry.name, "seed": seed}))
     runs.sort(key=lambda r: r.seed)  # stable: every entry's first seed before any second seed (a full table early)
     names = [r.name for r in runs]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise GridError(f"{path}: duplicate run names {dupes}; give each entry a unique name")
-    return Grid(name=spec.get("name", path.stem), out_dir=Path(spec.get("out_dir", f"results/runs/{path.stem}")),
-                sft=list(spec.get("sft", [])), runs=runs, requires_gpu=bool(spec.get("requires_gpu", False)))
+    grid = Grid(name=spec.name or path.stem, out_dir=Path(spec.out_dir or f"results/runs/{path.stem}"),
+                sft=list(spec.sft), runs=runs, requires_gpu=spec.requires_gpu)
+    check_run_configs(grid, str(path))
+    return grid
+
+
+def _short(value: Any, width: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+SHOWN_PROBLEMS = 8
+"""Runs whose config problems :func:`check_run_configs` names before it says how many more."""
+
+
+def check_run_configs(grid: Grid, source: str) -> None:
+    """Validate the config of every run of ``grid`` as ``drmas train`` will get it (the entry's config and overrides,
+    the run's name, folder and seed: a ``train.steps=abc`` or a learning rate of 0 is found before any run starts),
+    and every ``sft`` config; a :class:`GridError` lists each run whose config does not validate, with the config's
+    own error lines."""
+    from drmas.config import ConfigError, load_config
+
+    problems = []
+    for run in grid.runs:
+        try:
+            run.effective_config(grid.out_dir)
+        except ConfigError as exc:
+            problems.append(f"run {run.name} (config {run.config}, overrides {run.overrides}): {_one_line(exc)}")
+    for config in grid.sft:
+        try:
+            load_config(in_repository(config), [])
+        except ConfigError as exc:
+            problems.append(f"sft config {config}: {_one_line(exc)}")
+    if problems:
+        more = len(problems) - SHOWN_PROBLEMS
+        raise GridError(f"{source}: {len(problems)} run config(s) do not validate, nothing was run: "
+                        + " | ".join(problems[:SHOWN_PROBLEMS]) + (f" | ... ({more} more)" if more > 0 else ""))
+
+
+def _one_line(exc: Exception) -> str:
+    """A config error's lines as one (its first line names the source; the others one problem each)."""
+    first, *rest = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+    return f"{first.rstrip(':')}: {'; '.join(rest)}" if rest else first
 
 
 def sweep_grid(config: str, sets: list[str], seeds: int, name: str, out: str) -> Grid:
-    """The cartesian product of ``--set key=v1,v2`` values over one config (one run per combination and seed)."""
+    """The cartesian product of ``--set key=v1,v2`` values over one config (one run per combination and seed), every
+    run's config validated before any work (:func:`check_run_configs`)."""
+    if seeds < 1:
+        raise GridError(f"--seeds {seeds}: give the number of seeds per combination, >= 1 (seeds 0 .. N-1)")
+    try:
+        check_run_name(name, "--name")
+    except ValueError as exc:
+        raise GridError(str(exc)) from None
+    if not in_repository(config).is_file():
+        raise GridError(f"sweep config {config} does not exist (relative paths start at the repository root, {ROOT})")
     axes: list[tuple[str, list[str]]] = []
     for item in sets:
         if "=" not in item:
             raise GridError(f"--set {item!r} must look like key.sub=value1,value2")
         key, values = item.split("=", 1)
+        if key.strip() in GRID_KEYS:
+            raise GridError(f"--set {item!r}: {key.strip()} is set by the grid for each run (its folder and seed); "
+                            "use --seeds / --name / --out instead")
         axes.append((key, _split_values(values)))
     runs = []
     for combo in itertools.product(*[[(k, v) for v in vs] for k, vs in axes]) if axes else [()]:
@@ -208,7 +283,9 @@ def sweep_grid(config: str, sets: list[str], seeds: int, name: str, out: str) ->
     if len(set(names)) != len(names):
         raise GridError(f"--set keys {[k for k, _ in axes]} give clashing run names (same last key part); "
                         "sweep them in separate sweeps or rename through a config")
-    return Grid(name=name, out_dir=Path(out) / name, sft=[config], runs=runs)
+    grid = Grid(name=name, out_dir=Path(out) / name, sft=[config], runs=runs)
+    check_run_configs(grid, f"sweep of {config}")
+    return grid
 
 
 def _split_values(text: str) -> list[str]:
@@ -268,11 +345,6 @@ def status_of(grid: Grid, run: Run) -> str:
     return run_status(folder, run.effective_config(grid.out_dir).train.steps)
 
 
-def _in_repo(path: str | Path) -> Path:
-    """A path of a grid spec or config: relative ones are relative to the repository root."""
-    return Path(path) if Path(path).is_absolute() else ROOT / path
-
-
 def stale_changes(grid: Grid, run: Run) -> list[str]:
     """``key (old -> new)`` of every identity key in which the run folder's ``config.yaml`` differs from the config
     the grid gives now (:func:`drmas.config.identity.saved_config_changes`, the rule of ``drmas train``; empty
@@ -283,19 +355,21 @@ def stale_changes(grid: Grid, run: Run) -> list[str]:
     return saved_config_changes(run.effective_config(grid.out_dir))
 
 
-def set_aside_stale(grid: Grid, runs: list[Run], stale: str) -> None:
+def set_aside_stale(grid: Grid, runs: list[Run], stale: str) -> dict[str, list[str]]:
     """Runs of ``runs`` whose folder holds another config (:func:`stale_changes`): ``error`` (default) stops
     with the list, ``rerun`` moves each folder's files to ``<name>.stale-<k>`` (:func:`move_aside`, holding the
-    folder's lock; nothing is deleted) so the run starts afresh, ``keep`` leaves them as they are (complete
-    runs are skipped, partial ones resume)."""
+    folder's lock; nothing is deleted) so the run starts afresh, ``keep`` leaves them as they are: a partial one
+    is continued under the grid's config (``drmas train --stale keep`` records the changes in its manifest), and a
+    finished one stays a result of the settings it was made with only (:func:`index_row` lists it ``stale``, with
+    its changes; it is not counted as reused). Returns run name -> changes of the folders kept."""
     if stale not in STALE_POLICIES:
         raise GridError(f"stale={stale!r}; use one of {STALE_POLICIES}")
     changed = {r.name: changes for r in runs if (changes := stale_changes(grid, r))}
     if not changed or stale == "keep":
         for name, changes in changed.items():
-            logger.warning("[grid] %s was made with another config (%s); kept (--stale keep)", name,
-                           "; ".join(changes[:5]))
-        return
+            logger.warning("[grid] %s was made with another config (%s); kept (--stale keep): listed in index.json as "
+                           "stale, a result of the settings it was made with only", name, "; ".join(changes[:5]))
+        return changed
     if stale == "error":
         listing = "; ".join(f"{name}: {', '.join(changes[:4])}{' ...' if len(changes) > 4 else ''}"
                             for name, changes in changed.items())
@@ -306,24 +380,52 @@ def set_aside_stale(grid: Grid, runs: list[Run], stale: str) -> None:
         with folder_lock(grid.out_dir / name, "run folder"):
             aside = move_aside(grid.out_dir / name)
         logger.info("[grid] %s: config changed (%s); old files moved to %s", name, "; ".join(changes[:5]), aside)
+    return {}
+
+
+STALE = "stale"
+"""The index status of a finished run folder made with another config than the grid gives now (``--stale keep``)."""
+
+
+def read_index(out_dir: Path) -> dict[str, dict[str, Any]]:
+    """The rows of ``out_dir/index.json`` by run name, in file order (none without the file); an index that cannot
+    be read is a :class:`GridError` (rewriting it would lose its runs and their wall times)."""
+    path = out_dir / "index.json"
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        rows = data["runs"]
+        return {str(row["run"]): row for row in rows}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise GridError(f"{path} cannot be read as a grid index ({type(exc).__name__}: {exc}); it lists the runs and "
+                        "their wall times, so the runner does not overwrite it: restore it, or move it aside to have "
+                        "it written afresh from the run folders") from None
+
+
+def index_row(grid: Grid, run: Run, seconds: float | None, error: str | None) -> dict[str, Any]:
+    """The run's row of index.json, from its folder: ``failed`` (with ``error``), ``stale`` (a finished folder made
+    with another config, kept: ``stale`` lists the changes, old -> the grid's), or :func:`status_of`."""
+    changes = stale_changes(grid, run) if error is None and (grid.out_dir / run.name / "DONE").exists() else []
+    status = "failed" if error is not None else STALE if changes else status_of(grid, run)
+    return {"run": run.name, "config": run.config, "overrides": run.overrides, **run.tags, "status": status,
+            "seconds": seconds, **({"error": error} if error is not None else {}), **({"stale": changes} if changes else {})}
 
 
 def write_index(grid: Grid, timings: dict[str, float], failed: dict[str, str]) -> Path:
     """``out_dir/index.json``: every run with its tags, status and wall time (atomic rewrite). ``seconds`` is the
     wall time of the command that finished the run; for a run resumed after a stop, that is its last sitting only
-    (the ``timing/step`` records of its metrics.jsonl cover every sitting)."""
+    (the ``timing/step`` records of its metrics.jsonl cover every sitting). The index only grows: a run it lists
+    that ``grid`` does not give (another ``--seeds``, an entry renamed) keeps its row as it is (this call does not
+    touch its folder); every run keeps its recorded wall time until a new one is measured."""
     out = grid.out_dir
     out.mkdir(parents=True, exist_ok=True)
-    previous = {}
-    if (out / "index.json").exists():
-        previous = {r["run"]: r for r in json.loads((out / "index.json").read_text()).get("runs", [])}
-    rows = []
+    previous = read_index(out)
+    rows = dict(previous)  # runs this call does not give: their folders are not touched, their rows stay as they are
     for run in grid.runs:
-        status = "failed" if run.name in failed else status_of(grid, run)
-        seconds = timings.get(run.name, previous.get(run.name, {}).get("seconds"))
-        rows.append({"run": run.name, "config": run.config, "overrides": run.overrides, **run.tags,
-                     "status": status, "seconds": seconds, **({"error": failed[run.name]} if run.name in failed else {})})
-    atomic_write_json(out / "index.json", {"grid": grid.name, "runs": rows}, indent=1)
+        rows[run.name] = index_row(grid, run, timings.get(run.name, previous.get(run.name, {}).get("seconds")),
+                                   failed.get(run.name))
+    atomic_write_json(out / "index.json", {"grid": grid.name, "runs": list(rows.values())}, indent=1)
     return out / "index.json"
 
 
@@ -427,8 +529,8 @@ def _start_checkpoints(config: str, overrides: tuple[str, ...]) -> tuple[Path, .
     cached: the runner asks every second while warm-ups run."""
     from drmas.config import load_config
 
-    cfg = load_config(_in_repo(config), list(overrides))
-    return tuple(_in_repo(m.path) / "config.json"
+    cfg = load_config(in_repository(config), list(overrides))
+    return tuple(in_repository(m.path) / "config.json"
                  for m in cfg.models.values() if m.path is not None and m.preset is not None)
 
 
@@ -493,17 +595,36 @@ def run_grid(grid: Grid, options: GridOptions = GridOptions()) -> dict[str, str]
         return _run_grid(grid, options)
 
 
-def summary_line(grid: Grid, computed: int, reused: int, failed: int) -> str:
-    """One line saying what a call did: runs computed now, runs reused (complete before it), runs failed."""
-    return (f"{grid.name}: {computed + reused + failed} run(s) in {grid.out_dir}: {computed} computed now, {reused} reused "
-            "(complete before)" + (f", {failed} FAILED" if failed else ""))
+def summary_line(grid: Grid, computed: int, reused: int, failed: int, kept: int = 0) -> str:
+    """One line saying what a call did: runs computed now, runs reused (complete before it), finished runs kept
+    under the settings they were made with (``--stale keep``), runs failed."""
+    return (f"{grid.name}: {computed + reused + failed + kept} run(s) in {grid.out_dir}: {computed} computed now, "
+            f"{reused} reused (complete before)" + (f", {kept} kept under other settings (--stale keep; index.json "
+                                                    "status stale)" if kept else "")
+            + (f", {failed} FAILED" if failed else ""))
 
 
 def select_runs(grid: Grid, only: str | None) -> list[Run]:
     """The runs of ``grid`` whose name matches one of the comma-separated fnmatch patterns ``only`` (all when
-    there are none)."""
-    patterns = [p for p in (only or "").split(",") if p]
-    return [r for r in grid.runs if not patterns or any(fnmatch.fnmatch(r.name, p) for p in patterns)]
+    there are none); patterns that select no run are a :class:`GridError` (never a call that does nothing)."""
+    patterns = [p for p in (only or "").split(",") if p.strip()]
+    selected = [r for r in grid.runs if not patterns or any(fnmatch.fnmatch(r.name, p.strip()) for p in patterns)]
+    if not selected:
+        shown = ", ".join(r.name for r in grid.runs[:6]) + (", ..." if len(grid.runs) > 6 else "")
+        raise GridError(f"--only {only!r} selects none of the {len(grid.runs)} run(s) of grid {grid.name!r} ({shown}); "
+                        "give fnmatch patterns on run names, comma-separated, e.g. 'math_*'")
+    return selected
+
+
+def unbuilt_checkpoints(grid: Grid, runs: list[Run]) -> dict[str, list[Path]]:
+    """Run name -> the checkpoints it starts from that do not exist and that no ``sft`` config of the grid builds
+    (a run that would wait for a warm-up that never comes)."""
+    built = {path for config in grid.sft for path in _start_checkpoints(config, ())}
+    out = {}
+    for run in runs:
+        if missing := [p for p in _start_checkpoints(run.config, tuple(run.overrides)) if not p.exists() and p not in built]:
+            out[run.name] = [p.parent for p in missing]
+    return out
 
 
 def grid_lanes(grid: Grid, options: GridOptions) -> Lanes:
@@ -529,21 +650,29 @@ def _run_grid(grid: Grid, options: GridOptions) -> dict[str, str]:
     Scheduling: the warm-ups start first, each holding one of the lanes while it runs; a run starts on a
     free lane as soon as its checkpoints exist (queue order otherwise), so search runs go while the math
     base is still being trained."""
-    lanes = grid_lanes(grid, options)
     selected = select_runs(grid, options.only)
+    lanes = grid_lanes(grid, options)
+    kept: dict[str, list[str]] = {}
     if not options.dry_run:
-        set_aside_stale(grid, selected, options.stale)
+        read_index(grid.out_dir)  # an index that cannot be read stops the runner before any work
+        kept = set_aside_stale(grid, selected, options.stale)
     todo = [r for r in selected if status_of(grid, r) != "done"]
+    if unbuilt := unbuilt_checkpoints(grid, todo):
+        listing = "; ".join(f"{name}: {', '.join(map(str, paths))}" for name, paths in list(unbuilt.items())[:4])
+        raise GridError(f"{len(unbuilt)} run(s) start from checkpoints that do not exist and that no config of the grid's "
+                        f"`sft` list builds ({listing}); add the config that builds them (a config naming that "
+                        "models.*.path with a preset) to `sft`, or fix the model paths; nothing was run")
     if options.dry_run:
         for r in todo:
             print(" ".join(r.command(grid.out_dir, options.device)))
         return {}
-    reused = len(selected) - len(todo)
+    kept_done = [r for r in selected if r.name in kept and r not in todo]
+    reused = len(selected) - len(todo) - len(kept_done)
     logger.info("[grid] %s: %d run(s) already complete (reused), %d to compute", grid.name, reused, len(todo))
     failed = _run_todo(grid, todo, lanes) if todo else {}
     if not todo:
         write_index(grid, {}, {})
-    line = summary_line(grid, len(todo) - len(failed), reused, len(failed))
+    line = summary_line(grid, len(todo) - len(failed), reused, len(failed), len(kept_done))
     logger.info("[grid] %s", line)
     if options.summary is not None:
         with open(options.summary, "a") as fh:
@@ -630,7 +759,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("run", "list"):
         p = sub.add_parser(name)
         p.add_argument("spec")
-        p.add_argument("--seeds", type=int, default=None, help="seeds per entry (default: the spec's)")
+        p.add_argument("--seeds", type=parse_seeds, default=None,
+                       help="seeds per entry, N >= 1: seeds 0 .. N-1 (default: the spec's)")
         p.add_argument("--only", default=None, help="fnmatch pattern(s) on run names, comma-separated")
         p.add_argument("--jobs", type=parse_jobs, default=2,
                        help="runs at a time, or 'auto': one per CPU core, or several per GPU (auto_jobs)")
@@ -647,7 +777,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("sweep", help="cartesian product of --set values over one config")
     p.add_argument("config")
     p.add_argument("--set", dest="sets", action="append", default=[], help="key.sub=v1,v2,... (repeatable)")
-    p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--seeds", type=parse_seeds, default=1, help="seeds per combination, N >= 1: seeds 0 .. N-1")
     p.add_argument("--name", default=None, help="sweep name (default: from the config and keys)")
     p.add_argument("--out", default="results/runs/sweeps")
     p.add_argument("--jobs", type=parse_jobs, default=2)
@@ -666,11 +796,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             grid = load_grid(args.spec, args.seeds)
         if args.command == "list":
-            for r in grid.runs:
-                status = "stale" if stale_changes(grid, r) else status_of(grid, r)
+            for r in select_runs(grid, args.only):
+                status = STALE if stale_changes(grid, r) else status_of(grid, r)
                 print(f"{status:8s} {r.name:40s} {r.config} {' '.join(r.overrides)}")
             return 0
         failed = run_grid(grid, options_from(args))
+        kept = [] if args.dry_run else [r.name for r in select_runs(grid, args.only)
+                                        if read_index(grid.out_dir).get(r.name, {}).get("status") == STALE]
     except GridError as exc:
         print(f"experiments.grid: {exc}", file=sys.stderr)
         return 2
@@ -680,6 +812,11 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         print(f"experiments.grid: {len(failed)} run(s) failed: {sorted(failed)}; rerun to retry them", file=sys.stderr)
         return 1
+    if kept:
+        print(f"[grid] {grid.name}: the selected runs are complete in {grid.out_dir}, except {len(kept)} finished run(s) "
+              f"made with another config and kept as they are (--stale keep): {kept[:5]}{' ...' if len(kept) > 5 else ''}; "
+              "index.json lists them as stale, not as results of the grid's settings")
+        return 0
     print(f"[grid] {grid.name}: all runs complete in {grid.out_dir}")
     return 0
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from drmas.config.identity import config_changes, saved_config_changes
 from experiments.grid import (ROOT, GridError, GridOptions, _split_values, auto_jobs, finished_steps, least_busy_gpu,
                              load_grid, main, parse_jobs, run_grid, run_status, set_aside_stale, stale_changes,
                              status_of, sweep_grid, warm_ups_needed)
+from test_paper_configs import _data_paths
 
 
 def _write(path: Path, data) -> Path:
@@ -41,15 +44,119 @@ def test_load_grid_expands_seeds_and_tags(tmp_path):
 
 
 @pytest.mark.parametrize("spec, match", [
-    ({"runs": [{"name": "a"}]}, r"runs\[0\] lacks \['config'\]"),
-    ({"runs": [{"name": "a", "config": "nope.yaml"}]}, "config nope.yaml does not exist"),
+    ({"runs": [{"name": "a"}]}, r"runs\[0\] \(a\) lacks `config`"),
+    ({"runs": [{"name": "a", "config": "nope.yaml"}]}, r"runs\[0\].config: nope.yaml does not exist"),
     ({"runs": [{"name": "a", "config": "experiments/configs/cpu/math_base.yaml"},
                {"name": "a", "config": "experiments/configs/cpu/math_base.yaml"}]}, "duplicate run names"),
-    ({"runz": []}, "unknown top-level keys"),
+    ({"runz": []}, r"runz: unknown key; fix: did you mean `runs`\?"),
 ])
 def test_bad_grid_specs_name_the_problem(tmp_path, spec, match):
     with pytest.raises(GridError, match=match):
         load_grid(_write(tmp_path / "g.yaml", spec))
+
+
+MATH = "experiments/configs/cpu/math_base.yaml"
+BAD_SPECS = {  # spec text -> what the one error names: the key, the value and the fix
+    "runs: [ {name: a": r"grid spec .*bad.yaml is not valid YAML: while parsing a flow mapping",
+    "- a\n- b": r"bad.yaml must hold a mapping at the top level \(name, out_dir, sft, defaults, runs\), not list: \['a', 'b'\]",
+    "runs: abc": r"invalid grid spec \(.*bad.yaml\):\n  runs: Input should be a valid list \(got 'abc'\); fix: write a list",
+    "runs: []": r"runs: List should have at least 1 item .*; fix: give at least 1 item",
+    "runs: [abc]": r"runs\[0\]: Input should be a valid dictionary .*\(got 'abc'\); fix: write a mapping",
+    f"runs: [{{name: a, config: {MATH}, seeds: [1.5, 1]}}]":
+        r"runs\[0\].seeds\[0\]: Input should be a valid integer \(got 1.5\); fix: write an integer",
+    f"runs: [{{name: a, config: {MATH}, seeds: [1, 1]}}]": r"runs\[0\].seeds: seeds \[1, 1\]: \[1\] given more than once",
+    f"runs: [{{name: a, config: {MATH}, seeds: [-1]}}]": r"runs\[0\].seeds\[0\]: .*\(got -1\); fix: use a value >= 0",
+    f"runs: [{{name: a, config: {MATH}, seeds: 3}}]": r"runs\[0\].seeds: Input should be a valid list \(got 3\)",
+    f"defaults: {{seeds: [0, 0]}}\nruns: [{{name: a, config: {MATH}}}]": r"defaults.seeds: seeds \[0, 0\]",
+    f"runs: [{{name: a, config: {MATH}, tags: abc}}]": r"runs\[0\].tags: Input should be a valid dictionary \(got 'abc'\)",
+    f"runs: [{{name: a, config: {MATH}, tags: {{seed: 3}}}}]": r"runs\[0\].tags: tags \['seed'\] are written by the runner",
+    f"runs: [{{name: a, config: {MATH}, overrides: algo.estimator=drmas}}]":
+        r"runs\[0\].overrides: Input should be a valid list \(got 'algo.estimator=drmas'\); fix: write a list",
+    f"runs: [{{name: a, config: {MATH}, overrides: [algo.estimator]}}]":
+        r"runs\[0\].overrides\[0\]: override 'algo.estimator' must look like key.sub=value",
+    f"runs: [{{name: a, config: {MATH}, overrides: [train.seed=3]}}]": r"override 'train.seed=3' sets train.seed, which the grid",
+    f"runs: [{{name: ../../escape, config: {MATH}}}]": r"runs\[0\].name: name = '../../escape' would put the run outside out_dir",
+    f"runs: [{{name: a, config: {MATH}, overrides: [models.solver_model.optim.lr=0]}}]":
+        r"1 run config\(s\) do not validate, nothing was run: run a_s0 .*models.solver_model.optim.lr: Input should be "
+        r"greater than 0 \(got 0\); fix: use a value > 0",
+    f"runs: [{{name: a, config: {MATH}, overrides: [train.steps=abc]}}]":
+        r"run a_s0 .*train.steps: Input should be a valid integer.*\(got 'abc'\); fix: write an integer",
+    f"sft: [{MATH}, 3]\nruns: [{{name: a, config: {MATH}}}]": r"sft\[1\]: Input should be a valid string \(got 3\)",
+    f"requires_gpu: maybe\nruns: [{{name: a, config: {MATH}}}]": r"requires_gpu: Input should be a valid boolean",
+    f"runs: [{{name: a, config: {MATH}, seedz: [1]}}]": r"runs\[0\].seedz: unknown key; fix: did you mean `seeds`\?",
+}
+
+
+@pytest.mark.parametrize("text", list(BAD_SPECS))
+def test_a_bad_grid_spec_is_one_error_naming_the_key_the_value_and_the_fix_before_any_work(tmp_path, capsys, text):
+    """Every malformed spec (YAML, types, seeds, names, overrides, a run's own config) stops ``list`` and ``run`` with
+    one error (exit 2, no traceback) that names the file, the key, the value and the fix; nothing is written."""
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(text + "\n" if text.startswith("-") else f"out_dir: {tmp_path / 'runs'}\n{text}\n")
+    for command in ("list", "run"):
+        assert main([command, str(spec)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("experiments.grid: ") and "Traceback" not in err
+        assert re.search(BAD_SPECS[text], err), err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "escape_s0.log").exists()
+
+
+def test_seeds_are_distinct_integers_and_cli_selections_that_select_nothing_are_errors(tmp_path, capsys):
+    """``seeds: [1.5, 1]`` is refused (rather than two runs both of seed 1); ``--seeds`` below 1 (rather than ``-1``
+    selecting no run and ``0`` the spec's seeds) and an ``--only`` matching no run are errors, exit 2, index.json
+    untouched."""
+    spec = _write(tmp_path / "g.yaml", {"name": "g", "out_dir": str(tmp_path / "runs"),
+                                        "runs": [{"name": "a", "config": MATH, "seeds": [1.5, 1]}]})
+    with pytest.raises(GridError, match=r"seeds\[0\]"):
+        load_grid(spec)
+    grid = _fake_done_runs(_mini_grid(tmp_path))
+    index = {"grid": "mini", "runs": [{"run": r.name, "status": "done", "seconds": 12.5} for r in grid.runs]}
+    (grid.out_dir / "index.json").write_text(json.dumps(index))
+    for flags, said in ((["--seeds", "-1"], "--seeds '-1': give the number of seeds per entry, >= 1"),
+                        (["--seeds", "0"], "--seeds '0': give the number of seeds per entry, >= 1"),
+                        (["--only", "zzz*"], "--only 'zzz*' selects none of the 2 run(s) of grid 'mini'")):
+        for command in ("run", "list"):
+            if "--seeds" in flags:  # argparse: exit 2 with the message
+                with pytest.raises(SystemExit, match="2"):
+                    main([command, str(tmp_path / "grid.yaml"), *flags])
+            else:
+                assert main([command, str(tmp_path / "grid.yaml"), *flags]) == 2
+            assert said in capsys.readouterr().err
+    with pytest.raises(GridError, match="--seeds 0: give the number of seeds per entry"):
+        load_grid(tmp_path / "grid.yaml", seeds=0)
+    assert json.loads((grid.out_dir / "index.json").read_text()) == index
+
+
+def test_index_json_only_grows_and_keeps_every_wall_time(tmp_path, capsys):
+    """A call that gives fewer runs (``--seeds 1`` of a two-seed grid) rewrites index.json with every run it held and
+    their wall times; an index that cannot be read stops the runner before any work, unchanged."""
+    spec = _mini_grid(tmp_path)
+    _edit(spec, ("defaults.seeds", [0, 1]))
+    grid = _fake_done_runs(spec)
+    seconds = {r.name: 10.0 + i for i, r in enumerate(grid.runs)}
+    (grid.out_dir / "index.json").write_text(json.dumps({"grid": "mini", "runs": [
+        {"run": r.name, "status": "done", "seconds": seconds[r.name]} for r in grid.runs]}))
+    assert main(["run", str(spec), "--seeds", "1"]) == 0
+    rows = json.loads((grid.out_dir / "index.json").read_text())["runs"]
+    assert sorted(r["run"] for r in rows) == sorted(seconds) and {r["run"]: r["seconds"] for r in rows} == seconds
+    assert {r["run"]: r["status"] for r in rows} == dict.fromkeys(seconds, "done")
+    assert [r["run"] for r in rows if "config" in r] == [r.name for r in grid.runs if r.seed == 0]  # rewritten now
+    (grid.out_dir / "index.json").write_text('{"grid": "mini", "runs": [')
+    assert main(["run", str(spec)]) == 2
+    assert "index.json cannot be read as a grid index" in capsys.readouterr().err
+    assert (grid.out_dir / "index.json").read_text() == '{"grid": "mini", "runs": ['
+
+
+def test_a_run_whose_checkpoints_no_warm_up_builds_stops_the_grid_before_any_work(tmp_path, capsys):
+    """A spec without the `sft` config that builds its runs' base checkpoint: one error naming the run and the
+    checkpoint, exit 2, before any run or warm-up starts (rather than a traceback once the queue stalls)."""
+    spec = _mini_grid(tmp_path)
+    _edit(spec, ("sft", []))
+    assert main(["run", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert "2 run(s) start from checkpoints that do not exist and that no config of the grid's `sft` list builds" in err
+    assert f"math_nonsharing_grpo_s0: {tmp_path / 'sft/base'}" in err and "Traceback" not in err
+    assert [p.name for p in (tmp_path / "runs").iterdir() if not p.name.startswith(".lock")] == []  # no log, no index
 
 
 def test_shipped_grids_load():
@@ -59,7 +166,17 @@ def test_shipped_grids_load():
         for s in ("single_agent_grpo", "sharing_grpo", "sharing_drmas", "nonsharing_grpo", "nonsharing_drmas"):
             assert (task, s) in settings
     assert ("search", "hetero_drmas") in settings and ("search", "homogeneous_drmas") in settings
-    paper = load_grid(ROOT / "experiments/grids/paper.yaml")  # every paper-scale config exists and is referenced
+    # the paper grid's configs name data files `drmas data prepare` writes: without them it stops before any work
+    with pytest.raises(GridError, match=r"24 run config\(s\) do not validate, nothing was run: run math_qwen3-4b_single"
+                                        r"_grpo_s0 .*data file not found.*drmas data prepare"):
+        load_grid(ROOT / "experiments/grids/paper.yaml")
+    with pytest.MonkeyPatch.context() as mp, tempfile.TemporaryDirectory() as work:
+        mp.chdir(work)  # with placeholder data files every paper-scale config validates and is referenced
+        for config in sorted({e["config"] for e in yaml.safe_load((ROOT / "experiments/grids/paper.yaml").read_text())["runs"]}):
+            for rel in _data_paths(ROOT / config):
+                (Path(work) / rel).parent.mkdir(parents=True, exist_ok=True)
+                (Path(work) / rel).touch()
+        paper = load_grid(ROOT / "experiments/grids/paper.yaml")
     assert paper.requires_gpu and len(paper.runs) == 24 and all("configs/paper/" in r.config for r in paper.runs)
     gpu = load_grid(ROOT / "experiments/grids/gpu.yaml")  # one GPU: the math table, 4 seeds, the paper's batch
     assert gpu.requires_gpu and len(gpu.runs) == 20 and {r.seed for r in gpu.runs} == {0, 1, 2, 3}
@@ -175,6 +292,28 @@ def test_run_folders_made_with_another_config_are_not_taken_as_results(tmp_path)
     assert (grid.out_dir / f"{name}.stale-1" / "DONE").exists()
     assert not (grid.out_dir / f"{name}.stale-1" / ".lock").exists()
     assert run_status(grid.out_dir / grid.runs[1].name) == "done"
+
+
+def test_stale_keep_keeps_a_finished_run_only_under_the_settings_it_was_made_with(tmp_path, capsys):
+    """``--stale keep`` leaves a finished run folder made at another learning rate as it is, and index.json lists it
+    ``stale`` with the changed keys (the settings it was made with -> the grid's), not ``done`` as a result of the
+    grid's settings; the call does not count it as reused and says so."""
+    grid = _fake_done_runs(_mini_grid(tmp_path))
+    saved = {r.name: (grid.out_dir / r.name / "config.yaml").read_text() for r in grid.runs}
+    assert main(["run", str(tmp_path / "grid.yaml")]) == 0
+    _edit(tmp_path / "mini.yaml", ("models.solver_model.optim.lr", 4e-4))
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "grid.yaml"), "--stale", "keep"]) == 0
+    out = capsys.readouterr().out
+    assert "except 2 finished run(s) made with another config and kept as they are (--stale keep)" in out
+    rows = json.loads((grid.out_dir / "index.json").read_text())["runs"]
+    assert [(r["status"], r["stale"]) for r in rows] == [("stale", ["models.solver_model.optim.lr (0.0002 -> 0.0004)"])] * 2
+    assert {r.name: (grid.out_dir / r.name / "config.yaml").read_text() for r in grid.runs} == saved  # kept as they are
+    assert main(["list", str(tmp_path / "grid.yaml")]) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["stale", "stale"]
+    _edit(tmp_path / "mini.yaml", ("models.solver_model.optim.lr", 2e-4))  # back to the settings they were made with
+    assert main(["run", str(tmp_path / "grid.yaml")]) == 0
+    assert [r["status"] for r in json.loads((grid.out_dir / "index.json").read_text())["runs"]] == ["done", "done"]
 
 
 def test_the_grid_and_drmas_train_decide_a_runs_identity_by_one_rule(tmp_path, capsys):

@@ -16,9 +16,12 @@ class ConfigError(ValueError):
     """A configuration problem, with the key path and the fix in the message."""
 
 
-def format_validation_error(err: ValidationError, source: str) -> str:
-    """One line per problem: ``key.path: what is wrong (got value); fix: what to write instead``."""
-    lines = [f"invalid config ({source}):"]
+def format_validation_error(err: ValidationError, source: str, schema: type[BaseModel] = RunConfig,
+                            what: str = "config") -> str:
+    """One line per problem: ``key.path: what is wrong (got value); fix: what to write instead``, after a line
+    naming the ``what`` and its ``source``; ``schema``: the model that was validated (a run config, or another file
+    written in the same machinery, e.g. a grid spec), whose fields an unknown key is matched against."""
+    lines = [f"invalid {what} ({source}):"]
     for e in err.errors():
         loc = _format_loc(e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
@@ -29,7 +32,7 @@ def format_validation_error(err: ValidationError, source: str) -> str:
             got_txt = ""  # our validators' messages quote the values themselves
         else:
             got_txt = f" (got {got!r})"
-        fix = _fix_hint(e)
+        fix = _fix_hint(e, schema)
         named = loc and not msg.startswith(loc)  # model-level validators name the exact key themselves
         lines.append(f"  {loc + ': ' if named else ''}{msg}{got_txt}{'; fix: ' + fix if fix else ''}")
     return "\n".join(lines)
@@ -55,11 +58,11 @@ _BOUNDS = {"greater_than": ("gt", ">"), "greater_than_equal": ("ge", ">="), "les
            "less_than_equal": ("le", "<=")}
 
 
-def _fix_hint(e: dict[str, Any]) -> str:
+def _fix_hint(e: dict[str, Any], schema: type[BaseModel]) -> str:
     """What to write instead, from a pydantic error (empty for our own validators: their text says it)."""
     kind, ctx, loc = e["type"], e.get("ctx") or {}, e["loc"]
     if kind == "extra_forbidden":
-        fields = _fields_at(loc[:-1])
+        fields = _fields_at(loc[:-1], schema)
         close = difflib.get_close_matches(str(loc[-1]), fields, n=1)
         return (f"did you mean `{close[0]}`? " if close else "") + f"remove it or use one of {fields}"
     if kind in _BOUNDS:
@@ -76,9 +79,9 @@ def _fix_hint(e: dict[str, Any]) -> str:
                            "see the field's description in drmas/config/schema.py")
 
 
-def _fields_at(loc: tuple) -> list[str]:
-    """Field names of the config section at ``loc`` (list indexes and dict keys are stepped over)."""
-    node: Any = RunConfig
+def _fields_at(loc: tuple, schema: type[BaseModel]) -> list[str]:
+    """Field names of the section of ``schema`` at ``loc`` (list indexes and dict keys are stepped over)."""
+    node: Any = schema
     for part in loc:
         node = _section_type(node)
         if isinstance(node, type) and issubclass(node, BaseModel):

@@ -61,6 +61,32 @@ IGNORED = ("name", "out_dir", "train.device", "train.backend", "train.threads", 
 GROWABLE = ("train.steps",)
 """Keys that may grow on an existing run folder (a run continued to more steps)."""
 STALE_POLICIES = ("error", "rerun", "keep")
+GRID_KEYS = ("name", "out_dir", "train.seed")
+"""Keys the grid runner sets for each of its runs (:func:`grid_overrides`); a grid entry's overrides may not set them."""
+
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+"""The repository root: the config paths of grid specs and of ``index.json`` are relative to it."""
+
+
+def in_repository(path: str | Path) -> Path:
+    """A config path of a grid spec or ``index.json``: a relative one is relative to the repository root."""
+    return Path(path) if Path(path).is_absolute() else REPOSITORY / path
+
+
+def grid_overrides(name: str, out_dir: str | Path, seed: int, overrides: list[str]) -> list[str]:
+    """The overrides of a grid run's config: its folder (``name``, ``out_dir``) and ``seed``, then the entry's own
+    ``overrides`` (which may not set those, :data:`GRID_KEYS`)."""
+    return [f"name={name}", f"out_dir={out_dir}", f"train.seed={seed}", *overrides]
+
+
+def listed_config(config: str | Path, overrides: list[str], name: str, out_dir: str | Path, seed: int) -> RunConfig:
+    """The config a grid lists a run under: ``config`` (:func:`in_repository`) with :func:`grid_overrides`. The grid
+    runner starts the run with it, and the analysis resolves a run's ``index.json`` entry (config, overrides, seed)
+    with it, so both read one listing the same way. Raises ConfigError."""
+    from drmas.config.loader import load_config
+
+    return load_config(in_repository(config), grid_overrides(name, out_dir, seed, list(overrides)))
 
 
 class ConfigDrift(RuntimeError):
@@ -104,11 +130,13 @@ def changed_keys(saved: Any, current: Any, prefix: str = "") -> list[tuple[str, 
     return [] if saved == current else [(prefix.rstrip("."), saved, current)]
 
 
-def config_changes(saved: RunConfig, current: RunConfig) -> list[str]:
-    """``key (old -> new)`` for every identity key that differs (a grown ``train.steps`` is not one)."""
+def config_changes(saved: RunConfig, current: RunConfig, growable: tuple[str, ...] = GROWABLE) -> list[str]:
+    """``key (old -> new)`` for every identity key that differs (a grown ``train.steps`` is not one: a run folder
+    may be continued to more steps; ``growable=()`` where the records must be the ones ``current`` asks for, as
+    when the analysis takes a finished run for a result of the settings it is listed under)."""
     out = []
     for key, old, new in changed_keys(comparable(saved), comparable(current)):
-        if key in GROWABLE and isinstance(old, (int, float)) and isinstance(new, (int, float)) and new >= old:
+        if key in growable and isinstance(old, (int, float)) and isinstance(new, (int, float)) and new >= old:
             continue
         out.append(f"{key} ({old!r} -> {new!r})")
     return out

@@ -176,13 +176,19 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     for item in overrides or []:
         keys, value = parse_override(item)
         _set_path(data, keys, value, item)
-    data["plugins"] = _plugin_entries(data, plugins, source)
+    return validate_config(data, source, plugins)
+
+
+def validate_config(data: dict[str, Any], source: str, plugins: Sequence[str] = ()) -> RunConfig:
+    """A config given as a mapping (read from YAML, or recorded in a run's ``manifest.json``) with ``plugins``
+    appended to its ``plugins`` and imported (:func:`import_plugins`), validated; ``source`` names it in the
+    errors. ``data`` is not changed. Raises ConfigError."""
+    data = {**_unshared(data), "plugins": _plugin_entries(data, plugins, source)}
     import_plugins(data["plugins"])
     try:
-        cfg = RunConfig.model_validate(data)
+        return RunConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err, source)) from None
-    return cfg
 
 
 def dump_config(cfg: RunConfig) -> str:

@@ -80,6 +80,15 @@ def _registered(name: str, registered: list[str], what: str, fix: str = "; use o
     return name
 
 
+def check_run_name(name: str, what: str = "name") -> str:
+    """``name`` if it is one folder name, so that a run (and the grid's log of it) stays inside ``out_dir``; else
+    the error that says the fix."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise ValueError(f"{what} = {name!r} would put the run outside out_dir/<name>; use one folder name such as "
+                         "'math_sharing_s0' (no '/', not '.' or '..', not empty)")
+    return name
+
+
 class SamplingConfig(Strict):
     temperature: float = Field(1.0, ge=0, description="sampling temperature (0 = greedy)")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
@@ -407,10 +416,7 @@ class RunConfig(Strict):
     @field_validator("name")
     @classmethod
     def _name_stays_in_out_dir(cls, name: str) -> str:
-        if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
-            raise ValueError(f"name = {name!r} would put the run outside out_dir/<name>; use one folder name such as "
-                             "'math_sharing_s0' (no '/', not '.' or '..', not empty)")
-        return name
+        return check_run_name(name)
     env: EnvConfig = Field(EnvConfig(), description="task source, orchestra and their arguments")
     models: dict[str, ModelConfig] = Field(default_factory=lambda: {"shared": ModelConfig()},
                                            description="worker groups by key: one policy model + optimizer each")
