@@ -200,11 +200,11 @@ def save_figures(records: Sequence[Record], fits: Sequence[SweepFit], fig_dir: P
 
 
 def save_figure(fig, fig_dir: Path, name: str) -> list[Path]:
-    """``fig`` as ``fig_dir/name.png`` and ``.pdf`` (atomic, byte-stable writes: ``analysis.figures.write_figure``),
+    """``fig`` as ``fig_dir/name.png`` and ``.pdf`` (atomic, byte-stable writes: ``analysis.plotting.write_figure``),
     then closed."""
     import matplotlib.pyplot as plt
 
-    from analysis.figures import write_figure
+    from analysis.plotting import write_figure
 
     paths = []
     for ext in ("png", "pdf"):
