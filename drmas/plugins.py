@@ -16,7 +16,7 @@ The config loader calls it before validation (:func:`drmas.config.loader.load_co
 starts calls it with the entries its parent loaded (:func:`loaded_plugins`): the SFT warm-up's workers through
 :func:`init_worker`, the Ray actors in their constructor (drmas/workers/ray_backend.py).
 
-This module imports nothing of drmas but the shutdown helper, so every layer may use it.
+This module imports nothing of drmas but the shutdown helpers, so every layer may use it.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from drmas.shutdown import die_with_parent
+from drmas.shutdown import die_with_parent, ignore_ctrl_c
 
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 """An importable dotted module name (``my_pkg.estimators``)."""
@@ -160,9 +160,11 @@ def loaded_plugins() -> tuple[str, ...]:
 
 def init_worker(parent: int, sig: int, plugins: Sequence[str]) -> None:
     """Initializer of a worker process of a run (``ProcessPoolExecutor(initializer=init_worker, ...)``): it ends
-    when ``parent`` dies (:func:`drmas.shutdown.die_with_parent` with ``sig``) and imports ``plugins``
-    (:func:`loaded_plugins` of the parent) before it takes any work."""
+    when ``parent`` dies (:func:`drmas.shutdown.die_with_parent` with ``sig``), leaves Ctrl-C to its parent, which
+    ends it (:func:`drmas.shutdown.ignore_ctrl_c`), and imports ``plugins`` (:func:`loaded_plugins` of the parent)
+    before it takes any work."""
     die_with_parent(parent, sig)
+    ignore_ctrl_c()
     load_plugins(plugins)
 
 

@@ -13,12 +13,17 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import socket
+import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
+import yaml
 
 from drmas.cli import main
 
@@ -278,3 +283,51 @@ def test_the_retrieval_server_times_out_a_request_whose_headers_never_finish(tmp
             while chunk := sock.recv(65536):
                 answer += chunk
         assert answer.startswith(b"HTTP/1.1 200") and b'"status":"ok"' in answer
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_the_sft_warm_up_prints_no_traceback(tmp_path):
+    """Ctrl-C (SIGINT to the whole foreground process group) while ``drmas sft`` warms up two checkpoints in two
+    spawn workers: exit 130 with the one warning line, and every process gone. Before, the shutdown killed
+    multiprocessing's resource tracker with the workers, and the exit printed a ``KeyError`` traceback per
+    semaphore from a relaunched tracker."""
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "r", "out_dir": str(tmp_path / "runs"),
+        "models": {"a": {"preset": "nano", "path": str(tmp_path / "sft" / "a")},
+                   "b": {"preset": "nano", "path": str(tmp_path / "sft" / "b")}},
+        "agents": [{"name": "solver", "role": "math_solver", "model": "a"},
+                   {"name": "verifier", "role": "math_verifier", "model": "b"}],
+        "sft": {"tokenizer_dir": str(tmp_path / "sft" / "tok"), "traces": 200, "steps": 20000, "batch_size": 8}}))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "drmas.cli", "--log-level", "warning", "sft", str(config),
+                             "--no-progress"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # its own group: the terminal's Ctrl-C, to it alone
+    kids: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 300
+        while sum("spawn_main" in " ".join(_cmdline(k)) for k in kids) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, "no two SFT workers"
+            time.sleep(0.5)
+            kids = psutil.Process(proc.pid).children(recursive=True)
+        time.sleep(3)  # the workers are training
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        _, alive = psutil.wait_procs(kids, timeout=30)
+        assert not alive, [_cmdline(p)[:3] for p in alive]
+    finally:
+        for p in [proc, *kids]:
+            try:
+                p.kill()
+            except (OSError, psutil.Error):
+                pass
+    assert proc.returncode == 130 and "Traceback" not in err and "KeyError" not in err, err
+    assert [line.split(" ", 1)[1] for line in err.splitlines() if line.strip()] == [
+        "WARNING drmas.shutdown: SIGINT: stopped 2 child process(es); exiting"], err
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
