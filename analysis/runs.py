@@ -52,7 +52,7 @@ import pandas as pd
 from analysis.schema import degraded_note, record_problems, step_count_problems
 from drmas.algos import ESTIMATOR_TERMS
 from drmas.io import JsonlDamaged, read_jsonl_lines
-from drmas.records import NOT_USED, RecordsRuling, records_rule  # noqa: F401 -- the records rule, read here
+from drmas.records import NOT_USED, RecordsRuling, records_rule  # noqa: F401 -- the records rule (drmas/records.py)
 
 logger = logging.getLogger(__name__)
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from drmas.records import SCHEMAS, EvalRecord, StepRecord, record_problems  # noqa: F401 -- the one record schema
 
+
 def _ranges(values: list[int]) -> str:
     spans, start = [], None
     for i, v in enumerate(values):

@@ -101,12 +101,17 @@ def _origin(target: str) -> Path | None:
 
 
 def _installed_roots() -> tuple[Path, ...]:
-    """Folders whose modules are installed code, not a plug-in's own: the interpreter's prefixes (the standard
-    library, site-packages) and the folders of the packages drmas ships (their code is the run's ``git_commit``)."""
-    shipped = [Path(importlib.util.find_spec(p).origin).resolve().parent for p in ("drmas", "envs", "analysis",
-                                                                                 "experiments")
-               if importlib.util.find_spec(p) is not None and importlib.util.find_spec(p).origin]
-    return tuple({Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)} | set(shipped))
+    """Folders whose modules are installed code, not a plug-in's own: the standard library, every site-packages (the
+    user's too), and the folders of the packages drmas ships (their code is the run's ``git_commit``)."""
+    import site
+    import sysconfig
+
+    specs = [importlib.util.find_spec(package) for package in ("drmas", "envs", "analysis", "experiments")]
+    shipped = {Path(spec.origin).resolve().parent for spec in specs if spec is not None and spec.origin}
+    paths = sysconfig.get_paths()
+    installed = [*(paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")), *site.getsitepackages(),
+                 site.getusersitepackages()]
+    return tuple({Path(p).resolve() for p in installed if p} | shipped)
 
 
 def local_sources(modules: Sequence[str], own: Path | None = None) -> tuple[str, ...]:
