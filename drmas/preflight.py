@@ -96,7 +96,7 @@ def shape_problems(cfg: RunConfig, recorded: dict[str, dict]) -> list[str]:
         if differ:
             out.append(f"  models.{key}.path = {cfg.models[key].path!r}: a model of another size than the run's "
                        f"checkpoint ({', '.join(differ)}); fix: evaluate with the models the run was trained with "
-                       "(drop the override of models.*)")
+                       "(drop the override of models.*, or restore that base)")
     return out
 
 

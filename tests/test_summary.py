@@ -253,7 +253,7 @@ def _one_error(capsys, run: Path, code: int = 1) -> str:
 def test_a_conflicting_duplicate_evaluation_is_an_error_naming_the_file_and_lines(tmp_path, capsys):
     """The probe: eval.jsonl records step 2 of kb-1hop twice, 0.9 where training recorded 0.0. ``drmas summary``
     printed 0.900 without a word, though the report refuses the same conflict (the records rule,
-    drmas/records.py): now one line naming the file, the key, the values and both lines, exit 1."""
+    drmas/records.py): one line naming the file, the key, the values and the lines, exit 1."""
     run = _synthetic(tmp_path, done=True, steps=3)
     append_jsonl(run / "eval.jsonl", eval_record(2, "kb-1hop", 0.0))
     append_jsonl(run / "eval.jsonl", eval_record(2, "kb-1hop", 0.9))
