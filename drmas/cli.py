@@ -131,7 +131,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 EVAL_PLACE = ("name", "out_dir")
-"""The keys that say where a run folder is: ``drmas eval RUN`` sets them to RUN's place and refuses overrides of them."""
+"""The keys that say where a run folder is: ``drmas eval RUN`` sets them to RUN's place and refuses overrides of
+them."""
 
 
 def _eval_config(args: argparse.Namespace):

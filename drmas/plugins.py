@@ -141,8 +141,8 @@ def source_digest(target: str) -> str | None:
     helpers = _LOADED[target].sources if target in _LOADED else ()
     if not helpers:
         return own
-    lines = [f"{path} {own}"] + [f"{h} {hashlib.sha256(Path(h).read_bytes()).hexdigest() if Path(h).is_file() else None}"
-                                 for h in helpers]
+    lines = [f"{path} {own}"] + [f"{h} {hashlib.sha256(Path(h).read_bytes()).hexdigest()}" if Path(h).is_file()
+                                 else f"{h} missing" for h in helpers]
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 

@@ -75,7 +75,8 @@ def _checkpoint_config(path: str | None) -> dict | None:
 def model_shapes(cfg: RunConfig) -> dict[str, dict]:
     """Model key -> the :data:`SHAPE_KEYS` of the checkpoint it loads (``models.<key>.path``'s ``config.json``, the
     folder every worker builds its model from); models whose checkpoint is not there yet are left out. A run's
-    ``manifest.json`` records it, and ``drmas eval`` compares it before a checkpoint is loaded (:func:`shape_problems`)."""
+    ``manifest.json`` records it, and ``drmas eval`` compares it before a checkpoint is loaded
+    (:func:`shape_problems`)."""
     out = {}
     for key, m in cfg.models.items():
         data = _checkpoint_config(m.path)
@@ -130,7 +131,8 @@ def _evaluation_memory(cfg: RunConfig, available: int) -> list[str]:
     agents = max(1, len(cfg.agents))
     tests = cfg.env.args.get("test")
     sets = len(tests) if isinstance(tests, dict) and tests else 1
-    return _memory_problem("train.eval_tasks, train.eval_samples", t.eval_tasks * t.eval_samples * sets * agents * ROW_BYTES,
+    estimate = t.eval_tasks * t.eval_samples * sets * agents * ROW_BYTES
+    return _memory_problem("train.eval_tasks, train.eval_samples", estimate,
                            f"{t.eval_tasks} tasks x {t.eval_samples} samples x {sets} benchmark(s) x {agents} agents x "
                            f"{ROW_BYTES} B", available)
 

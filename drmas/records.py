@@ -151,7 +151,8 @@ def records_rule(path: Path, records: list[dict[str, Any]], keys: tuple[str, ...
     if differing:
         shown = "; ".join(f"{_key_text(keys, key)} recorded {len(rows)} times with different values "
                           f"({_differing_fields([records[i] for i in rows])}"
-                          + (f"; lines {', '.join(str(line_nos[i]) for i in rows)}" if line_nos is not None else "") + ")"
+                          + (f"; lines {', '.join(str(line_nos[i]) for i in rows)}" if line_nos is not None else "")
+                          + ")"
                           for key, rows in differing[:SHOWN_KEYS])
         conflict = f"conflicting records in {path}: {shown}" + (" ..." if len(differing) > SHOWN_KEYS else "")
     return RecordsRuling(kept, note, conflict)

@@ -4,8 +4,9 @@ Python's default SIGTERM action ends only the process that gets it: the grid run
 and ``drmas sft`` children, the SFT warm-up's spawn workers and the grader's worker subprocess would run
 on as orphans. Inside :func:`children_end_with_me`, either signal first ends every descendant (SIGTERM,
 then SIGKILL for those still alive after ``grace`` seconds; found with ``psutil``, which also sees
-grandchildren; multiprocessing's resource tracker ends by itself once they are gone) and then raises ``SystemExit(128 + signum)``, so ``finally`` blocks and locks are released
-on the way out.
+grandchildren; multiprocessing's resource tracker ends by itself once they are gone) and then raises
+``SystemExit(128 + signum)``, so ``finally`` blocks and locks are released on the way out. A pool's workers
+started inside :func:`ctrl_c_left_to_me` leave a terminal's Ctrl-C to this process.
 """
 from __future__ import annotations
 

@@ -113,8 +113,9 @@ def _read_done(path: Path) -> dict[str, Any] | None:
         return None
     done = read_json_object(path)
     if done is None or not _is_count(done.get("steps", 0)):
+        why = "unreadable" if done is None else f"steps = {done['steps']!r}"
         logger.warning("%s: not the record `drmas train` writes (%s); the run counts as finished, its step count "
-                       "is taken from metrics.jsonl", path, "unreadable" if done is None else f"steps = {done['steps']!r}")
+                       "is taken from metrics.jsonl", path, why)
         return {}
     return done
 
@@ -127,7 +128,8 @@ def _steps_total(path: Path, train: Any, steps_done: int) -> int:
     """``train.steps`` of the run's config (``steps_done`` when it has none); a value that is not a number of steps
     is a ConfigError naming the file and the key."""
     if not isinstance(train, dict):
-        raise ConfigError(f"{path}: train = {train!r} is not a mapping; fix: restore the config.yaml `drmas train` wrote")
+        raise ConfigError(f"{path}: train = {train!r} is not a mapping; fix: restore the config.yaml `drmas train` "
+                          "wrote")
     steps = train.get("steps", steps_done)
     if not _is_count(steps):
         raise ConfigError(f"{path}: train.steps = {steps!r} is not a number of steps; fix: restore the config.yaml "
