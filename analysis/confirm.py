@@ -21,7 +21,6 @@ a verdict computed on fewer runs than the grid holds is marked incomplete.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 from dataclasses import dataclass, field
@@ -40,7 +39,7 @@ from analysis.events import PERSIST, abandoned_at, calls_of, finished, nonfinite
 from analysis.formatting import fmt_interval, fmt_value, markdown
 from analysis.integrity import problem_lines
 from analysis.plotting import save
-from analysis.runs import GridData, load_grid
+from analysis.runs import GridData, load_grid, run_manifest
 from analysis.stats import ALPHA, N_BOOT, bootstrap_streams, holm
 from analysis.twins import accuracy_over_time, fig_gradnorm_over_steps
 
@@ -56,8 +55,7 @@ def declared_agents(run_path: Path) -> tuple[str, ...]:
     """The agents the run's orchestra declares (its ``slots``), from the run's ``manifest.json`` config."""
     from drmas.orchestra import ORCHESTRA_REGISTRY
 
-    manifest = json.loads((Path(run_path) / "manifest.json").read_text())
-    name = manifest["config"]["env"]["orchestra"]
+    name = (run_manifest(Path(run_path))["config"].get("env") or {}).get("orchestra")
     return tuple(ORCHESTRA_REGISTRY.get(name).slots)
 
 
@@ -98,7 +96,7 @@ def event_table(data: GridData) -> pd.DataFrame:
         path = Path(r.path)
         agents = declared_agents(path)
         ev = collapse_event(steps_of(data, r.run), agents)
-        manifest = json.loads((path / "manifest.json").read_text())
+        manifest = run_manifest(path)
         clip = clip_setting(manifest["config"])
         rows.append({"run": r.run, "estimator": r.estimator, "lr": float(r.level), "seed": int(r.seed),
                      "arm": "clip_dial" if clip == "off" else "main", "clip": clip,

@@ -55,6 +55,7 @@ from analysis.integrity import settings_problems
 from analysis.schema import degraded_note, record_problems, step_count_problems
 from drmas.algos import ESTIMATOR_TERMS
 from drmas.io import JsonlDamaged, read_jsonl_lines
+from drmas.records import NOT_USED, RecordsRuling, records_rule  # noqa: F401 -- the records rule (drmas/records.py)
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +141,21 @@ def settings_of(manifest: dict[str, Any]) -> dict[str, Any]:
 def run_settings(run_dir: Path) -> dict[str, Any]:
     """:func:`settings_of` the manifest in ``run_dir`` ({} without a readable one)."""
     return settings_of(_read_json(Path(run_dir) / "manifest.json") or {})
+
+
+def run_manifest(run_dir: Path) -> dict[str, Any]:
+    """A run folder's ``manifest.json``, with its ``config`` a mapping (the settings the run was made with); raises
+    :class:`GridLoadError` naming the file when it cannot be read, is not a JSON object or records no config."""
+    path = Path(run_dir) / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise GridLoadError(f"{path}: unreadable ({getattr(exc, 'strerror', None) or str(exc)[:120]}); restore it "
+                            "from the run (drmas train writes it when the run starts)") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict):
+        raise GridLoadError(f"{path}: records no `config` mapping (the settings the run was made with); restore it "
+                            "from the run (drmas train writes it when the run starts)")
+    return manifest
 
 
 def tags_from_manifest(manifest: dict[str, Any], run: str) -> dict[str, Any]:
@@ -272,88 +288,9 @@ def _assignment_rows(run: str, manifest: dict[str, Any] | None) -> list[dict[str
     return rows
 
 
-# ------------------------------------------------------------------------------------------ the records rule
-@dataclass(frozen=True)
-class RecordsRuling:
-    """What :func:`records_rule` decided on the records of one JSONL file of one run.
-
-    ``kept``: mask of the records kept (file order); ``note``: the repeated keys whose records are identical, collapsed
-    into one (a line of ``GridData.dropped``; the run stays usable), None without any; ``conflict``: the repeated keys
-    whose records differ, with the differing fields (the run's ``problem``: it is not usable), None without any."""
-
-    kept: np.ndarray
-    note: str | None = None
-    conflict: str | None = None
-
-
-SHOWN_KEYS = 5
-"""Repeated keys a note or conflict names before it says '...'."""
-SHOWN_FIELDS = 3
-"""Differing fields a conflict names per key before it says '...'."""
-
-
-def records_rule(path: Path, records: list[dict[str, Any]], keys: tuple[str, ...]) -> RecordsRuling:
-    """The records rule, on the records of one JSONL file of one run (``keys``: ``("step",)`` in ``metrics.jsonl``,
-    ``("step", "benchmark")`` in ``eval.jsonl``). Records that repeat a key with identical values (a resume that kept
-    records, or two writers that computed the same) collapse into one, and the collapse is noted; records that repeat
-    a key with different values make the run unusable, since nothing tells which of them is right, and the conflict
-    names each key and the fields that differ. This is the one place where the loader de-duplicates records."""
-    by_key: dict[tuple, list[int]] = {}
-    for i, r in enumerate(records):
-        by_key.setdefault(tuple(r.get(k) for k in keys), []).append(i)
-    repeated = {key: rows for key, rows in by_key.items() if len(rows) > 1}
-    kept = np.ones(len(records), bool)
-    if not repeated:
-        return RecordsRuling(kept)
-    identical, differing = [], []
-    for key, rows in sorted(repeated.items(), key=lambda item: str(item[0])):
-        kept[rows[:-1]] = False
-        texts = {_canonical(records[i]) for i in rows}
-        (identical if len(texts) == 1 else differing).append((key, rows))
-    note = conflict = None
-    if identical:
-        shown = ", ".join(str(key) for key, _ in identical[:SHOWN_KEYS]) + (" ..." if len(identical) > SHOWN_KEYS else "")
-        note = (f"{path}: {len(identical)} {'/'.join(keys)} value(s) recorded more than once ({shown}), each time with "
-                "identical values: collapsed into one (a resume that kept records, or two writers)")
-    if differing:
-        shown = "; ".join(f"{_key_text(keys, key)} recorded {len(rows)} times with different values "
-                          f"({_differing_fields([records[i] for i in rows])})" for key, rows in differing[:SHOWN_KEYS])
-        conflict = f"conflicting records in {path}: {shown}" + (" ..." if len(differing) > SHOWN_KEYS else "")
-    return RecordsRuling(kept, note, conflict)
-
-
-NOT_USED = "not used (which record is right cannot be told: rerun the run, or remove the wrong records)"
-"""The end of the problem of a run whose records conflict."""
 SETTINGS_NOT_USED = ("not used (its records are not those of the settings it is listed under: run it again under them, "
                      "`python -m experiments.grid run <spec> --stale rerun`, or list it under the settings it was made with)")
 """The end of the problem of a run whose settings disagree (:func:`analysis.integrity.settings_problems`)."""
-
-
-def _canonical(record: dict[str, Any]) -> str:
-    """A record as canonical JSON: equal for records with the same keys and values (NaN equal to NaN)."""
-    return json.dumps(record, sort_keys=True)
-
-
-def _key_text(keys: tuple[str, ...], key: tuple) -> str:
-    """``step 3`` / ``step 25, benchmark kb-1hop``."""
-    return ", ".join(f"{name} {value}" for name, value in zip(keys, key))
-
-
-def _differing_fields(records: list[dict[str, Any]]) -> str:
-    """``field: value vs value`` for the fields in which ``records`` differ (a field a record lacks: ``absent``)."""
-    names = list(dict.fromkeys(k for r in records for k in r))
-    differ = [k for k in names if len({_canonical({"v": r.get(k, _ABSENT)}) for r in records}) > 1]
-    shown = ", ".join(f"{k}: " + " vs ".join(_short(r.get(k, _ABSENT)) for r in records) for k in differ[:SHOWN_FIELDS])
-    return shown + (f", ... ({len(differ) - SHOWN_FIELDS} more fields)" if len(differ) > SHOWN_FIELDS else "")
-
-
-_ABSENT = "<absent>"
-
-
-def _short(value: Any, width: int = 40) -> str:
-    """A field value for a conflict line, cut at ``width`` characters."""
-    text = "absent" if value is _ABSENT else json.dumps(value)
-    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 # ------------------------------------------------------------------------------------------ one run

@@ -40,13 +40,14 @@ def exit_codes() -> dict[type[Exception], int]:
     from drmas.io import JsonlDamaged, WriteFailed
     from drmas.locks import FolderLocked
     from drmas.loggers import LoggerUnavailable
+    from drmas.records import RecordsRefused
     from drmas.tasks import ToolFailure, ToolUnavailable
     from drmas.trainer.health import NonFiniteStop, WorkerGroupLost
     from envs.search.corpus import CorpusMismatch
 
     return {ConfigError: CONFIG_ERROR_EXIT, ConfigDrift: CONFIG_ERROR_EXIT, FolderLocked: 1, CheckpointDamaged: 1,
             CheckpointMismatch: 1, JsonlDamaged: 1, WriteFailed: 1, ToolUnavailable: 1, ToolFailure: 1, NonFiniteStop: 1,
-            WorkerGroupLost: 1, LoggerUnavailable: 1, CorpusMismatch: 1}
+            WorkerGroupLost: 1, LoggerUnavailable: 1, CorpusMismatch: 1, RecordsRefused: 1}
 
 
 def _setup_logging(level: str) -> None:
@@ -97,17 +98,14 @@ def _log_device(spec: str, precision: str) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """Evaluate the checkpoint of the folder named on the command line, wherever that folder now lives (its
-    config's ``out_dir``/``name`` are replaced by the folder's own place); print the result and write it into the
-    folder as ``eval_cli_step<k>.json``. No checkpoint is an error unless ``--initial-models`` asks for the models
-    the run started from."""
-    from drmas.io import atomic_write_text
+    config's ``out_dir``/``name`` are replaced by the folder's own place), after the checks of
+    :func:`_eval_config`; print the result and write it into the folder as ``eval_cli_step<k>.json`` (atomically:
+    a write that fails, e.g. on a full disk, keeps the file as it was and says so in one line, the result printed
+    above it). No checkpoint is an error unless ``--initial-models`` asks for the models the run started from."""
+    from drmas.io import WriteFailed, atomic_write_text
     from drmas.trainer.trainer import Trainer
 
-    run_dir = Path(args.run_dir).resolve()
-    if not (run_dir / "config.yaml").is_file():
-        raise ConfigError(f"{args.run_dir} is not a run folder (no config.yaml); pass the folder `drmas train` wrote")
-    cfg = load_config(run_dir / "config.yaml", [f"out_dir={run_dir.parent}", f"name={run_dir.name}", *args.overrides],
-                      plugins=args.plugin)
+    run_dir, cfg = _eval_config(args)
     _log_device(cfg.train.device, cfg.train.precision)
     trainer = Trainer(cfg)
     try:
@@ -126,9 +124,49 @@ def cmd_eval(args: argparse.Namespace) -> int:
     result = {"run_dir": str(run_dir), "step": step, "initial_models": step == 0, "overrides": list(args.overrides),
               "benchmarks": {k: {m: v[m] for m in ("avg", "pass", "k", "n_tasks")} for k, v in records.items()}}
     text = json.dumps(result, indent=2)
-    atomic_write_text(run_dir / f"eval_cli_step{step}.json", text + "\n")
-    print(text)
+    print(text)  # first: a result the disk cannot take is not lost
+    try:
+        atomic_write_text(run_dir / f"eval_cli_step{step}.json", text + "\n")
+    except WriteFailed as exc:
+        print(f"drmas: {exc}; the evaluation's result is the one printed above", file=sys.stderr)
+        return 1
     return 0
+
+
+EVAL_PLACE = ("name", "out_dir")
+"""The keys that say where a run folder is: ``drmas eval RUN`` sets them to RUN's place and refuses overrides of
+them."""
+
+
+def _eval_config(args: argparse.Namespace):
+    """``(run_dir, cfg)`` of ``drmas eval RUN [overrides]``, checked before any model or checkpoint is loaded: RUN
+    is a run folder; the overrides do not point to another folder (its checkpoint would be evaluated and its result
+    written into RUN as RUN's); the plug-ins' sources are the ones the run recorded (as a resume checks,
+    :func:`drmas.config.identity.saved_plugin_changes`); the evaluation fits in memory and the models have the
+    shapes of the run's checkpoint (:func:`drmas.preflight.check_before_eval`)."""
+    from drmas.config.identity import ConfigDrift, saved_plugin_changes
+    from drmas.io import read_json_object
+    from drmas.preflight import check_before_eval, model_shapes
+
+    run_dir = Path(args.run_dir).resolve()
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"{args.run_dir} is not a run folder (no config.yaml); pass the folder `drmas train` wrote")
+    elsewhere = [o for o in args.overrides if o.partition("=")[0].strip() in EVAL_PLACE]
+    if elsewhere:
+        raise ConfigError(f"drmas eval evaluates the run folder it is given ({run_dir}); the override(s) "
+                          f"{' '.join(elsewhere)} would point to another one; fix: drop them and pass that folder "
+                          "instead (drmas eval OUT_DIR/NAME)")
+    place = [f"out_dir={run_dir.parent}", f"name={run_dir.name}"]
+    cfg = load_config(run_dir / "config.yaml", [*place, *args.overrides], plugins=args.plugin)
+    if changes := saved_plugin_changes(cfg):
+        raise ConfigDrift(f"run folder {run_dir} was trained with other plug-in code ({'; '.join(changes)}); its "
+                          "evaluation would be reported for code that did not train it. Restore the plug-in's "
+                          "source (and the modules it loads), or train a new run with this code")
+    recorded = (read_json_object(run_dir / "manifest.json") or {}).get("model_shapes")
+    if not isinstance(recorded, dict):  # a run recorded before its manifest held the shapes: its config's models
+        recorded = model_shapes(load_config(run_dir / "config.yaml", place))
+    check_before_eval(cfg, recorded)
+    return run_dir, cfg
 
 
 def cmd_summary(args: argparse.Namespace) -> int:

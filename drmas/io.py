@@ -73,6 +73,8 @@ class JsonlRead:
 
     path: Path
     lines: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    line_nos: list[int] = field(default_factory=list)
+    """The file's line number (1-based) of each record of :attr:`lines`."""
     torn: str | None = None
     """The dropped torn last line (None: the file ended with a complete record)."""
     torn_line_no: int | None = None
@@ -113,6 +115,7 @@ def read_jsonl_lines(path: str | Path) -> JsonlRead:
                                "again); dropping the line would silently change every number computed from the file"
                                ) from None
         out.lines.append((line, rec))
+        out.line_nos.append(i + 1)
     return out
 
 

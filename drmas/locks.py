@@ -7,6 +7,11 @@ from ``<folder>/.lock.json``, which the holder writes after acquiring). A marker
 alive on this host (a killed process; the start token also rules out a reused pid) is stale: filelock
 removes it and takes the lock over atomically, and :func:`folder_lock` logs which holder it replaced.
 
+A marker that names no holder (empty, or not a holder record: a process killed between creating it and writing
+its pid, a copied or hand-made file) and has not changed for :data:`RECORDLESS_AGE_S` is a dead holder's too:
+:func:`folder_lock` and :func:`live_holder` remove it (with a warning) and take the lock (filelock itself keeps an
+empty marker forever, so such a folder would be refused for good).
+
 A marker written on another host cannot be probed: it is reported as held; remove ``<folder>/.lock`` by
 hand once you know that holder is gone.
 """
@@ -31,6 +36,9 @@ logger = logging.getLogger(__name__)
 LOCK_NAME = ".lock"
 HOLDER_NAME = ".lock.json"
 _HELD: set[Path] = set()  # folders this process holds
+RECORDLESS_AGE_S = 2.0
+"""Seconds a marker that names no holder must be old before it counts as dead: a live holder writes its record
+right after it creates the marker (filelock waits as long before it takes over a malformed marker)."""
 
 
 class FolderLocked(RuntimeError):
@@ -67,6 +75,9 @@ def folder_lock(folder: str | Path, what: str) -> Iterator[None]:
         return
     lock = filelock.SoftFileLock(str(folder / LOCK_NAME), timeout=0)
     previous = _holder(folder)
+    if _remove_recordless(lock, folder):
+        logger.warning("%s %s: its lock file %s named no holder (empty or unreadable): the lock of a process that "
+                       "died, taken over", what, folder, folder / LOCK_NAME)
     try:
         lock.acquire()
     except filelock.Timeout:
@@ -95,9 +106,27 @@ def live_holder(folder: str | Path) -> dict | None:
     if not (folder / LOCK_NAME).exists() or folder.resolve() in _HELD:
         return None
     lock = filelock.SoftFileLock(str(folder / LOCK_NAME), timeout=0)
+    _remove_recordless(lock, folder)
     try:
         lock.acquire()
     except filelock.Timeout:
         return _holder(folder) or {"pid": lock.pid}
     lock.release()
     return None
+
+
+def _remove_recordless(lock: filelock.SoftFileLock, folder: Path) -> bool:
+    """Remove ``folder``'s marker when it names no holder (``lock.pid`` reads none: empty, or not a holder record)
+    and is older than :data:`RECORDLESS_AGE_S`; whether it did."""
+    marker = folder / LOCK_NAME
+    try:
+        seen = marker.stat()
+        if lock.pid is not None or time.time() - seen.st_mtime < RECORDLESS_AGE_S:
+            return False
+        now = marker.stat()
+        if (now.st_ino, now.st_mtime_ns) != (seen.st_ino, seen.st_mtime_ns):  # replaced meanwhile: not the one judged
+            return False
+        marker.unlink()
+    except OSError:  # gone already, or not ours to remove: filelock decides
+        return False
+    return True

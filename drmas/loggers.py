@@ -13,7 +13,7 @@ import secrets
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from drmas.io import append_jsonl, atomic_write_text, read_jsonl_lines, write_jsonl
+from drmas.io import WriteFailed, append_jsonl, atomic_write_text, read_jsonl_lines, write_jsonl
 from drmas.registry import Registry
 
 
@@ -81,9 +81,15 @@ class TensorBoardLogger:
         except ImportError:  # tensorboard is optional
             self._tb = None
             return
-        self._tb = SummaryWriter(str(Path(run_dir) / "tb"))
-        if config is not None:
-            self._tb.add_text("config", config_markdown(config))
+        folder = Path(run_dir) / "tb"
+        try:
+            self._tb = SummaryWriter(str(folder))
+            if config is not None:
+                self._tb.add_text("config", config_markdown(config))
+        except OSError as exc:  # a full disk: its event file cannot be created
+            raise WriteFailed(f"{folder}: the TensorBoard writer could not start ({exc.strerror or exc}); nothing was "
+                              "run; free space (or drop tensorboard from train.loggers) and run the same command "
+                              "again", exc.errno) from None
 
     def log_step(self, step: int, metrics: dict[str, Any]) -> None:
         for key, value in _scalars(metrics).items() if self._tb else ():

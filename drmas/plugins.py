@@ -16,7 +16,7 @@ The config loader calls it before validation (:func:`drmas.config.loader.load_co
 starts calls it with the entries its parent loaded (:func:`loaded_plugins`): the SFT warm-up's workers through
 :func:`init_worker`, the Ray actors in their constructor (drmas/workers/ray_backend.py).
 
-This module imports nothing of drmas but the shutdown helper, so every layer may use it.
+This module imports nothing of drmas but the shutdown helpers, so every layer may use it.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from drmas.shutdown import die_with_parent
+from drmas.shutdown import die_with_parent, ignore_ctrl_c
 
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 """An importable dotted module name (``my_pkg.estimators``)."""
@@ -54,6 +54,9 @@ class Plugin:
     """its name in ``sys.modules``"""
     registered: tuple[tuple[str, str], ...] = ()
     """(kind, name) of every name it added to the watched registries, e.g. ("estimator", "my_estimator")"""
+    sources: tuple[str, ...] = ()
+    """the source files of the modules its import loaded from outside the installed packages (its own helpers,
+    :func:`local_sources`), beside its own file: part of its :func:`source_digest`"""
 
 
 _LOADED: dict[str, Plugin] = {}
@@ -85,21 +88,62 @@ def resolve_entry(entry: str, base_dir: str | Path | None = None) -> str:
     return entry
 
 
-def source_digest(target: str) -> str | None:
-    """sha256 of a plug-in's source: the file of a file plug-in, the module's file of a module plug-in (its
-    ``__init__.py`` for a package); ``None`` when it has no source file. A run folder records it, so that a run
-    is not resumed with other plug-in code (:mod:`drmas.config.identity`)."""
+def _origin(target: str) -> Path | None:
+    """The source file of a plug-in: the file of a file plug-in, the module's file of a module plug-in (its
+    ``__init__.py`` for a package); ``None`` when it has none."""
     if Path(target).is_absolute():
-        path: Path | None = Path(target)
-    else:
-        try:
-            spec = importlib.util.find_spec(target)
-        except (ImportError, ValueError):
-            spec = None
-        path = Path(spec.origin) if spec is not None and spec.origin not in (None, "built-in", "frozen") else None
+        return Path(target)
+    try:
+        spec = importlib.util.find_spec(target)
+    except (ImportError, ValueError):
+        spec = None
+    return Path(spec.origin) if spec is not None and spec.origin not in (None, "built-in", "frozen") else None
+
+
+def _installed_roots() -> tuple[Path, ...]:
+    """Folders whose modules are installed code, not a plug-in's own: the standard library, every site-packages (the
+    user's too), and the folders of the packages drmas ships (their code is the run's ``git_commit``)."""
+    import site
+    import sysconfig
+
+    specs = [importlib.util.find_spec(package) for package in ("drmas", "envs", "analysis", "experiments")]
+    shipped = {Path(spec.origin).resolve().parent for spec in specs if spec is not None and spec.origin}
+    paths = sysconfig.get_paths()
+    installed = [*(paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")), *site.getsitepackages(),
+                 site.getusersitepackages()]
+    return tuple({Path(p).resolve() for p in installed if p} | shipped)
+
+
+def local_sources(modules: Sequence[str], own: Path | None = None) -> tuple[str, ...]:
+    """The source files (sorted, resolved) of ``modules`` (names in ``sys.modules``) that lie outside the installed
+    packages (:func:`_installed_roots`), ``own`` (the plug-in's file) left out: the helper modules a plug-in loads."""
+    roots = _installed_roots()
+    out = set()
+    for name in modules:
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if not file or not file.endswith(".py"):
+            continue
+        path = Path(file).resolve()
+        if path != own and path.is_file() and not any(path.is_relative_to(root) for root in roots):
+            out.add(str(path))
+    return tuple(sorted(out))
+
+
+def source_digest(target: str) -> str | None:
+    """sha256 of a plug-in's source: its file (:func:`_origin`) and, when its import loaded modules from outside
+    the installed packages (:attr:`Plugin.sources`), those files too (the sha256 of ``path sha256`` lines, its own
+    file first); ``None`` when it has no source file. A run folder records it, so that a run is not resumed with
+    other plug-in code, its helpers' included (:mod:`drmas.config.identity`)."""
+    path = _origin(target)
     if path is None or not path.is_file():
         return None
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    own = hashlib.sha256(path.read_bytes()).hexdigest()
+    helpers = _LOADED[target].sources if target in _LOADED else ()
+    if not helpers:
+        return own
+    lines = [f"{path} {own}"] + [f"{h} {hashlib.sha256(Path(h).read_bytes()).hexdigest()}" if Path(h).is_file()
+                                 else f"{h} missing" for h in helpers]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
 def load_plugins(entries: Sequence[str], base_dir: str | Path | None = None,
@@ -121,9 +165,11 @@ def loaded_plugins() -> tuple[str, ...]:
 
 def init_worker(parent: int, sig: int, plugins: Sequence[str]) -> None:
     """Initializer of a worker process of a run (``ProcessPoolExecutor(initializer=init_worker, ...)``): it ends
-    when ``parent`` dies (:func:`drmas.shutdown.die_with_parent` with ``sig``) and imports ``plugins``
-    (:func:`loaded_plugins` of the parent) before it takes any work."""
+    when ``parent`` dies (:func:`drmas.shutdown.die_with_parent` with ``sig``), leaves Ctrl-C to its parent, which
+    ends it (:func:`drmas.shutdown.ignore_ctrl_c`), and imports ``plugins`` (:func:`loaded_plugins` of the parent)
+    before it takes any work."""
     die_with_parent(parent, sig)
+    ignore_ctrl_c()
     load_plugins(plugins)
 
 
@@ -145,6 +191,7 @@ def _load_one(entry: str, base_dir: str | Path | None, registries: Mapping[str, 
     if target in _LOADED:
         return replace(_LOADED[target], entry=entry)
     before = {kind: set(registry.names()) for kind, registry in registries.items()}
+    modules_before = set(sys.modules)
     if is_file_entry(entry):
         name = module_name(target)
         _import_file(entry, Path(target), name, base_dir)
@@ -153,7 +200,10 @@ def _load_one(entry: str, base_dir: str | Path | None, registries: Mapping[str, 
         _import_module(entry)
     registered = tuple((kind, n) for kind, registry in registries.items()
                        for n in registry.names() if n not in before[kind])
-    _LOADED[target] = Plugin(entry, target, name, registered)
+    origin = _origin(target)
+    sources = local_sources([m for m in list(sys.modules) if m not in modules_before],
+                            origin.resolve() if origin else None)
+    _LOADED[target] = Plugin(entry, target, name, registered, sources)
     return _LOADED[target]
 
 
@@ -169,6 +219,9 @@ def _import_file(entry: str, path: Path, name: str, base_dir: str | Path | None)
     sys.modules[name] = module  # before it runs: its dataclasses and pickles look it up by name
     try:
         spec.loader.exec_module(module)
+    except SystemExit as exc:
+        del sys.modules[name]
+        raise PluginError(_exited(entry, exc, str(path))) from None
     except BaseException as exc:
         del sys.modules[name]
         if isinstance(exc, Exception):
@@ -185,8 +238,20 @@ def _import_module(entry: str) -> None:
             raise PluginError(f"plugin {entry!r}: no module named {exc.name!r} on sys.path; install it (pip install "
                               "-e <its project>), put its folder on PYTHONPATH, or give the path of a .py file") from None
         raise PluginError(_failed(entry, exc)) from None
+    except SystemExit as exc:
+        raise PluginError(_exited(entry, exc, _origin(entry))) from None
     except Exception as exc:  # noqa: BLE001 -- any failure of the plug-in's own code, reported in one line
         raise PluginError(_failed(entry, exc)) from None
+
+
+def _exited(entry: str, exc: SystemExit, path: str | Path | None) -> str:
+    """``plugin 'x' called sys.exit(0) while it was imported (at /path/x.py:3); ...``: a plug-in that ends the
+    process at import would end the run with nothing done (with exit status 0, as if it had finished)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<frozen importlib")]
+    own = [f for f in frames if path is None or f.filename == str(path)] or frames
+    where = f" (at {own[-1].filename}:{own[-1].lineno})" if own else f" ({path})" if path else ""
+    return (f"plugin {entry!r} called sys.exit({exc.code!r}) while it was imported{where}; nothing was run: a plug-in "
+            "only defines and registers; fix the plug-in")
 
 
 def _failed(entry: str, exc: Exception, path: str | None = None) -> str:

@@ -41,10 +41,15 @@ def quiet_third_party_progress() -> None:
         sys.modules["transformers.utils.logging"].disable_progress_bar()
 
 
-def wants_bar(environ: Mapping[str, str] = os.environ, stream: Any = sys.stderr) -> bool:
-    """A tqdm bar (stderr is a terminal, or ``DRMAS_PROGRESS`` asks for one) rather than timed log lines."""
+def wants_bar(environ: Mapping[str, str] = os.environ, stream: Any = None) -> bool:
+    """A tqdm bar (``stream``, default: the current stderr, is a terminal, or ``DRMAS_PROGRESS`` asks for one) rather
+    than timed log lines. A closed stream is no terminal."""
     forced = environ.get(BAR_ENV, "").strip()
-    return bool(forced and forced != "0") or bool(getattr(stream, "isatty", lambda: False)())
+    stream = sys.stderr if stream is None else stream
+    try:
+        return bool(forced and forced != "0") or bool(getattr(stream, "isatty", lambda: False)())
+    except ValueError:  # "I/O operation on closed file"
+        return False
 
 
 def interval_from_env(environ: Mapping[str, str] = os.environ) -> float:

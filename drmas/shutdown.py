@@ -4,8 +4,9 @@ Python's default SIGTERM action ends only the process that gets it: the grid run
 and ``drmas sft`` children, the SFT warm-up's spawn workers and the grader's worker subprocess would run
 on as orphans. Inside :func:`children_end_with_me`, either signal first ends every descendant (SIGTERM,
 then SIGKILL for those still alive after ``grace`` seconds; found with ``psutil``, which also sees
-grandchildren) and then raises ``SystemExit(128 + signum)``, so ``finally`` blocks and locks are released
-on the way out.
+grandchildren; multiprocessing's resource tracker ends by itself once they are gone) and then raises
+``SystemExit(128 + signum)``, so ``finally`` blocks and locks are released on the way out. A pool's workers
+started inside :func:`ctrl_c_left_to_me` leave a terminal's Ctrl-C to this process.
 """
 from __future__ import annotations
 
@@ -26,8 +27,10 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 def end_descendants(grace: float = 5.0) -> int:
     """SIGTERM every descendant of this process, SIGKILL the ones alive after ``grace`` s; returns how many
-    there were."""
-    children = psutil.Process().children(recursive=True)
+    there were. multiprocessing's resource tracker is left to end by itself, as it does once the processes it
+    serves have closed its pipe (it ignores both signals, and killing it made the exit print a ``KeyError``
+    traceback per semaphore, from a relaunched tracker asked to unregister what it never registered)."""
+    children = [p for p in psutil.Process().children(recursive=True) if not _is_resource_tracker(p)]
     for child in children:
         try:
             child.terminate()
@@ -41,6 +44,13 @@ def end_descendants(grace: float = 5.0) -> int:
             pass
     psutil.wait_procs(alive, timeout=grace)
     return len(children)
+
+
+def _is_resource_tracker(process: psutil.Process) -> bool:
+    try:
+        return "multiprocessing.resource_tracker" in " ".join(process.cmdline())
+    except psutil.Error:
+        return False
 
 
 @contextmanager
@@ -66,6 +76,29 @@ def children_end_with_me(grace: float = 5.0, exit_within: float = 20.0) -> Itera
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+@contextmanager
+def ctrl_c_left_to_me() -> Iterator[None]:
+    """Processes started inside (a pool's workers) start with SIGINT blocked, so that a Ctrl-C to the terminal's
+    process group reaches this process alone, whose :func:`children_end_with_me` ends them; each unblocks it in
+    :func:`ignore_ctrl_c` (without both, every worker printed its own ``KeyboardInterrupt`` traceback). A Ctrl-C
+    that comes while inside is delivered to this process on the way out."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def ignore_ctrl_c() -> None:
+    """In a worker started inside :func:`ctrl_c_left_to_me`: ignore SIGINT (its parent ends it) and unblock it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h

@@ -5,10 +5,15 @@ of a run; ``drmas summary RUN`` prints it for any run folder and writes ``summar
 (``summary.png``: training reward and evaluation average over the steps; :func:`write_summary`).
 
 Read from the folder's ``config.yaml``, ``DONE``, ``metrics.jsonl``, ``eval.jsonl`` and ``checkpoints/latest``;
-nothing here imports torch, and matplotlib only when the curves are drawn.
+nothing here imports torch, and matplotlib only when the curves are drawn. The records are read by the rules the
+analysis applies (:mod:`drmas.io`'s JSONL rule, then :mod:`drmas.records`: the record schema and the records rule),
+so a record the report would refuse is an error here too, one line naming the file and line
+(:class:`~drmas.records.RecordsRefused`), and so is a file that cannot be read; a config or ``DONE`` value that is
+not what a run writes is one line naming the file and the key, never a traceback.
 """
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -18,9 +23,12 @@ import yaml
 
 from drmas.checkpoints import read_manifest
 from drmas.config import ConfigError
-from drmas.io import atomic_output, atomic_write_text, read_json_object, read_jsonl
+from drmas.io import atomic_output, atomic_write_text, read_json_object, read_jsonl_lines
 from drmas.locks import describe_holder, live_holder
 from drmas.loggers import eval_average
+from drmas.records import RecordsRefused, record_problems, records_rule
+
+logger = logging.getLogger(__name__)
 
 SUMMARY_MD = "summary.md"
 CURVES_PNG = "summary.png"
@@ -99,8 +107,62 @@ def _read_config(run_dir: Path) -> dict[str, Any]:
 
 
 def _read_done(path: Path) -> dict[str, Any] | None:
-    """``DONE``'s record; None without one, {} when it is there but unreadable (the run finished all the same)."""
-    return (read_json_object(path) or {}) if path.exists() else None
+    """``DONE``'s record; None without one, {} when it is there but unreadable or its ``steps`` is not a number of
+    steps (the run finished all the same; a warning names the file)."""
+    if not path.exists():
+        return None
+    done = read_json_object(path)
+    if done is None or not _is_count(done.get("steps", 0)):
+        why = "unreadable" if done is None else f"steps = {done['steps']!r}"
+        logger.warning("%s: not the record `drmas train` writes (%s); the run counts as finished, its step count "
+                       "is taken from metrics.jsonl", path, why)
+        return {}
+    return done
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _steps_total(path: Path, train: Any, steps_done: int) -> int:
+    """``train.steps`` of the run's config (``steps_done`` when it has none); a value that is not a number of steps
+    is a ConfigError naming the file and the key."""
+    if not isinstance(train, dict):
+        raise ConfigError(f"{path}: train = {train!r} is not a mapping; fix: restore the config.yaml `drmas train` "
+                          "wrote")
+    steps = train.get("steps", steps_done)
+    if not _is_count(steps):
+        raise ConfigError(f"{path}: train.steps = {steps!r} is not a number of steps; fix: restore the config.yaml "
+                          "`drmas train` wrote")
+    return steps
+
+
+def read_run_records(path: Path, keys: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The records of a run's JSONL file (``keys``: ``("step",)`` for ``metrics.jsonl``, ``("step", "benchmark")``
+    for ``eval.jsonl``) by the analysis's rules: :mod:`drmas.io`'s JSONL rule, the record schema and the records
+    rule (:mod:`drmas.records`). Identical repeats collapse into one (a warning); a record that breaks the schema,
+    records of one key that conflict, or a file that cannot be read raise :class:`RecordsRefused`, one line naming
+    the file and the lines. A missing file has no records."""
+    if not path.exists():
+        return []
+    if not path.is_file():
+        raise RecordsRefused(f"{path} is not a file (a folder?); a run writes its records there: move it away")
+    try:
+        got = read_jsonl_lines(path)
+        problems = record_problems(path)
+    except OSError as exc:
+        raise RecordsRefused(f"{path}: unreadable ({exc.strerror or exc})") from None
+    if problems:
+        more = f" (and {len(problems) - 1} more record(s))" if len(problems) > 1 else ""
+        raise RecordsRefused(f"{problems[0]}{more}: not a record `drmas train` writes; restore the file (or remove "
+                             "the record)")
+    ruling = records_rule(path, got.records, keys, got.line_nos)
+    if ruling.conflict:
+        raise RecordsRefused(f"{ruling.conflict}: which record is right cannot be told (the analysis leaves the run "
+                             "out); remove the wrong record, or rerun the run")
+    if ruling.note:
+        logger.warning("%s", ruling.note)
+    return [r for r, kept in zip(got.records, ruling.kept) if kept]
 
 
 def benchmark_evals(records: list[dict[str, Any]]) -> tuple[tuple[BenchmarkEval, ...], tuple[tuple[int, float], ...]]:
@@ -127,12 +189,12 @@ def read_summary(run_dir: str | Path) -> RunSummary:
         raise ConfigError(f"{run_dir} is not a run folder (no such folder); pass the folder `drmas train` wrote")
     cfg = _read_config(run_dir)
     train = cfg.get("train") or {}
-    steps = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
-    evals = read_jsonl(run_dir / "eval.jsonl") if (run_dir / "eval.jsonl").exists() else []
+    steps = read_run_records(run_dir / "metrics.jsonl", ("step",))
+    evals = read_run_records(run_dir / "eval.jsonl", ("step", "benchmark"))
     benchmarks, eval_curve = benchmark_evals(evals)
     done = _read_done(run_dir / "DONE")
     steps_done = max((int(r["step"]) for r in steps), default=-1) + 1
-    steps_total = int(train.get("steps", steps_done))
+    steps_total = _steps_total(run_dir / "config.yaml", train, steps_done)
     holder = live_holder(run_dir) if done is None else None
     state = "finished" if done is not None else "in progress" if holder is not None else "stopped"
     if done is not None:
@@ -151,7 +213,7 @@ def read_summary(run_dir: str | Path) -> RunSummary:
         reward_curve=tuple((int(r["step"]), float(r["reward/mean"])) for r in steps
                            if isinstance(r.get("reward/mean"), (int, float))),
         mean_step_seconds=sum(timings) / len(timings) if timings else None,
-        checkpoint_step=int(manifest["step"]) if manifest and "step" in manifest else None,
+        checkpoint_step=manifest["step"] if manifest and _is_count(manifest.get("step")) else None,
         files=tuple((what, path) for what, path in candidates if path.exists()),
         tensorboard=(run_dir / "tb").is_dir())
 

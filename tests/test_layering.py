@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[1]
 LAYERS: list[tuple[str, tuple[str, ...]]] = [  # bottom first; a module belongs to the longest prefix that names it
     ("foundation", ("drmas", "drmas.registry", "drmas.io", "drmas.devices", "drmas.shutdown", "drmas.step_table",
                     "drmas.progress")),
-    ("records and catalogues", ("drmas.locks", "drmas.checkpoints", "drmas.loggers", "drmas.backends",
+    ("records and catalogues", ("drmas.locks", "drmas.checkpoints", "drmas.loggers", "drmas.records", "drmas.backends",
                                 "drmas.plugins", "drmas.algos.catalog", "drmas.rollout.catalog")),
     ("environments", ("envs",)),
     ("algorithm, workflow, task sources, models", ("drmas.algos", "drmas.agents", "drmas.orchestra", "drmas.tasks",

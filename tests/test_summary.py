@@ -38,6 +38,15 @@ def tiny_run(tmp_path_factory):
     return tmp / "runs" / "r", out.getvalue()
 
 
+def eval_record(step: int, benchmark: str, avg: float, k: int = 4, n_tasks: int = 10) -> dict:
+    """An ``eval.jsonl`` record by the record schema: ``successes`` per task (as full as they go, task by task)
+    that give ``avg``, and the ``pass`` they give."""
+    total = round(avg * k * n_tasks)
+    successes = [min(k, max(0, total - k * i)) for i in range(n_tasks)]
+    return {"step": step, "benchmark": benchmark, "avg": total / (k * n_tasks),
+            "pass": sum(c > 0 for c in successes) / n_tasks, "k": k, "n_tasks": n_tasks, "successes": successes}
+
+
 def _synthetic(tmp: Path, done: bool, steps: int = 5) -> Path:
     """A run folder with the project's own config dump, 3 step records and evaluations at steps 0 and 2."""
     cfg = load_config(SEARCH, [f"out_dir={tmp}", "name=syn", f"train.steps={steps}", "train.eval_samples=4"])
@@ -48,8 +57,7 @@ def _synthetic(tmp: Path, done: bool, steps: int = 5) -> Path:
         append_jsonl(run / "metrics.jsonl", {"step": step, "reward/mean": reward, "timing/step": seconds})
     for step, a, b in ((0, 0.5, 0.1), (2, 0.4, 0.4)):
         for name, avg in (("kb-1hop", a), ("kb-2hop", b)):
-            append_jsonl(run / "eval.jsonl", {"step": step, "benchmark": name, "avg": avg, "pass": avg, "k": 4,
-                                              "n_tasks": 10})
+            append_jsonl(run / "eval.jsonl", eval_record(step, name, avg))
     if done:
         atomic_write_json(run / "DONE", {"steps": 3})
     return run
@@ -223,3 +231,105 @@ def test_tensorboard_holds_the_config_as_text_and_the_eval_average(tiny_run):
     expected = read_summary(run).eval_curve
     assert [(e.step, pytest.approx(e.value, abs=1e-6)) for e in events.Scalars("eval/avg")] == \
         [(step, value) for step, value in expected]
+
+
+# ================================================================================== the report's record rules
+def _one_error(capsys, run: Path, code: int = 1) -> str:
+    """``drmas summary RUN`` exits ``code`` with one ``drmas:`` line and no traceback; that line."""
+    assert main(["summary", str(run)]) == code
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("drmas: ") and "Traceback" not in captured.err, captured.err
+    assert not (run / SUMMARY_MD).exists()
+    return err[0]
+
+
+def test_a_conflicting_duplicate_evaluation_is_an_error_naming_the_file_and_lines(tmp_path, capsys):
+    """The probe: eval.jsonl records step 2 of kb-1hop twice, 0.9 where training recorded 0.0. ``drmas summary``
+    printed 0.900 without a word, though the report refuses the same conflict (the records rule,
+    drmas/records.py): one line naming the file, the key, the values and the lines, exit 1."""
+    run = _synthetic(tmp_path, done=True, steps=3)
+    append_jsonl(run / "eval.jsonl", eval_record(2, "kb-1hop", 0.0))
+    append_jsonl(run / "eval.jsonl", eval_record(2, "kb-1hop", 0.9))
+    line = _one_error(capsys, run)
+    assert line.startswith(f"drmas: conflicting records in {run / 'eval.jsonl'}: step 2, benchmark kb-1hop recorded "
+                           "3 times with different values (avg: 0.4 vs 0.0 vs 0.9")
+    assert "lines 3, 5, 6)" in line and "remove the wrong record" in line
+
+
+def test_an_identical_repeat_collapses_into_one_with_a_warning(tmp_path, caplog):
+    run = _synthetic(tmp_path, done=True, steps=3)
+    append_jsonl(run / "metrics.jsonl", {"step": 2, "reward/mean": 0.3, "timing/step": 3.0})
+    with caplog.at_level(logging.WARNING):
+        s = read_summary(run)
+    assert s.reward_curve == ((0, 0.2), (1, 0.4), (2, 0.3)) and s.mean_step_seconds == pytest.approx(2.0)
+    assert "1 step value(s) recorded more than once ((2,)), each time with identical values" in caplog.text
+
+
+@pytest.mark.parametrize("fault, expected", [
+    ("bad record", "eval.jsonl, line 2: avg: Input should be a valid number"),
+    ("bad eval numbers", "eval.jsonl, line 1: record: avg = 0.9 but the successes give 0.5"),
+    ("metrics.jsonl is a folder", "metrics.jsonl is not a file (a folder?)"),
+    ("bad train.steps", "config.yaml: train.steps = 'abc' is not a number of steps"),
+    ("train not a mapping", "config.yaml: train = [1, 2] is not a mapping"),
+])
+def test_bad_records_and_values_are_one_line_never_a_traceback(tmp_path, capsys, fault, expected):
+    """A record the report's schema refuses, a metrics.jsonl that is a folder, a config value that is no step
+    count: one ``drmas:`` line naming the file (and line), no traceback (they were ValueError, KeyError,
+    IsADirectoryError tracebacks)."""
+    run = _synthetic(tmp_path, done=False)
+    lines = (run / "eval.jsonl").read_text().splitlines()
+    if fault == "bad record":
+        lines[1] = lines[1].replace('"avg": 0.1', '"avg": "high"')
+        (run / "eval.jsonl").write_text("\n".join(lines) + "\n")
+    elif fault == "bad eval numbers":
+        lines[0] = lines[0].replace('"avg": 0.5', '"avg": 0.9')
+        (run / "eval.jsonl").write_text("\n".join(lines) + "\n")
+    elif fault == "metrics.jsonl is a folder":
+        (run / "metrics.jsonl").unlink()
+        (run / "metrics.jsonl").mkdir()
+    else:
+        text = (run / "config.yaml").read_text()
+        if fault == "bad train.steps":
+            (run / "config.yaml").write_text(text.replace("  steps: 5\n", "  steps: abc\n", 1))
+        else:
+            (run / "config.yaml").write_text(text + "train: [1, 2]\n")
+    line = _one_error(capsys, run, code=2 if "config" in expected else 1)
+    assert expected in line, line
+
+
+def test_a_done_marker_with_a_bad_value_is_finished_with_a_warning(tmp_path, caplog):
+    run = _synthetic(tmp_path, done=True, steps=3)
+    atomic_write_json(run / "DONE", {"steps": "three"})
+    with caplog.at_level(logging.WARNING):
+        s = read_summary(run)
+    assert s.state == "finished" and s.steps_done == 3
+    assert f"{run / 'DONE'}: not the record `drmas train` writes (steps = 'three')" in caplog.text
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00\xffgarbage"])
+def test_an_empty_or_unreadable_lock_is_dead_as_the_message_says(tmp_path, caplog, content):
+    """An empty ``.lock`` (a holder killed between creating it and writing its pid) read "in progress, pid None"
+    and made ``drmas train`` refuse the folder for good, while the message says a dead lock is taken over: it is a
+    stopped run, and the next writer takes the lock over with a warning. A fresh one (a holder writing its record
+    right now) is left alone."""
+    import os
+    import time
+
+    from drmas.locks import LOCK_NAME, RECORDLESS_AGE_S, FolderLocked, folder_lock
+
+    run = _synthetic(tmp_path, done=False)
+    (run / LOCK_NAME).write_bytes(content)
+    with pytest.raises(FolderLocked):  # fresh: maybe a live holder that has not written its pid yet
+        with folder_lock(run, "run folder"):
+            pass
+    old = time.time() - 2 * RECORDLESS_AGE_S
+    os.utime(run / LOCK_NAME, (old, old))
+    s = read_summary(run)
+    assert s.state == "stopped" and "pid None" not in summary_text(s)
+    (run / LOCK_NAME).write_bytes(content)
+    os.utime(run / LOCK_NAME, (old, old))
+    with caplog.at_level(logging.WARNING):
+        with folder_lock(run, "run folder"):
+            assert (run / LOCK_NAME).read_bytes() != content  # ours now
+    assert "named no holder (empty or unreadable): the lock of a process that died, taken over" in caplog.text

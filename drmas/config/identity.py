@@ -27,7 +27,9 @@ Not part of the identity (:data:`IGNORED`), because they do not change what a st
 first steps of the longer run (:func:`config_changes` lists it only when it shrinks); the trainer resumes it
 from its last checkpoint. Everything else that differs (estimator, learning rate, seed, batch sizes,
 evaluation settings, models, agents, ...) is a change, and so is the source of a plug-in (``plugins``): the
-manifest records each plug-in's sha256 (:func:`plugin_sources`), so a run is not resumed with other plug-in code.
+manifest records each plug-in's sha256 (:func:`plugin_sources`: its file and the files of the modules it loads from
+outside the installed packages, :func:`drmas.plugins.source_digest`), so a run is not resumed, nor evaluated, with
+other plug-in code.
 
 The explicit ways past a change are ``drmas train --stale rerun`` (:func:`move_aside`: the old files move to
 ``<name>.stale-<k>/``, nothing is deleted, and the run starts afresh) and ``--stale keep`` (continue under the
@@ -174,8 +176,14 @@ def saved_config_changes(cfg: RunConfig) -> list[str]:
         saved = load_config(saved_file, [])
     except ConfigError as exc:
         return [f"(its config.yaml no longer loads: {str(exc).splitlines()[-1].strip()})"]
+    return config_changes(saved, cfg) + saved_plugin_changes(cfg)
+
+
+def saved_plugin_changes(cfg: RunConfig) -> list[str]:
+    """:func:`plugin_changes` against the plug-in sources the run folder's ``manifest.json`` recorded (none when it
+    recorded none): what ``drmas eval`` checks before it loads a checkpoint, as a resume does."""
     recorded = (read_json_object(cfg.run_dir / "manifest.json") or {}).get("plugin_sources") or {}
-    return config_changes(saved, cfg) + plugin_changes(recorded, plugin_sources(cfg))
+    return plugin_changes(recorded, plugin_sources(cfg)) if isinstance(recorded, dict) else []
 
 
 def check_run_folder(cfg: RunConfig, stale: str = "error") -> list[str]:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+from safetensors import SafetensorError
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -41,7 +42,7 @@ from transformers import (
 )
 
 from drmas.checkpoints import write_manifest
-from drmas.io import atomic_folder
+from drmas.io import WriteFailed, atomic_folder
 from drmas.models.tokenizer import is_drmas_tokenizer, is_drmas_tokenizer_folder, load_tokenizer, save_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -159,15 +160,23 @@ def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, fold
     ``folder`` is replaced.
     """
     folder = Path(folder)
-    with atomic_folder(folder) as tmp:
-        model.save_pretrained(str(tmp), safe_serialization=True)
-        if is_drmas_tokenizer(tokenizer):
-            save_tokenizer(tokenizer, tmp)
-        else:
-            tokenizer.save_pretrained(str(tmp))
-        for name, text in (extra_files or {}).items():
-            (tmp / name).write_text(text)
-        write_manifest(tmp, **({"built_by": built_by} if built_by else {}))
+    try:
+        with atomic_folder(folder) as tmp:
+            model.save_pretrained(str(tmp), safe_serialization=True)
+            if is_drmas_tokenizer(tokenizer):
+                save_tokenizer(tokenizer, tmp)
+            else:
+                tokenizer.save_pretrained(str(tmp))
+            for name, text in (extra_files or {}).items():
+                (tmp / name).write_text(text)
+            write_manifest(tmp, **({"built_by": built_by} if built_by else {}))
+    except (OSError, SafetensorError) as exc:  # a full disk (safetensors reports it as its own error)
+        if isinstance(exc, WriteFailed):
+            raise
+        cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
+        kept = "the previous one is unchanged" if folder.exists() else "nothing was written there"
+        raise WriteFailed(f"{folder}: the checkpoint could not be written ({cause}); {kept} (the temporary folder is "
+                          "removed); free space and run the same command again", getattr(exc, "errno", None)) from None
     return folder
 
 

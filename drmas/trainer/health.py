@@ -5,7 +5,8 @@
 - training that runs but cannot learn is *degenerate* (:class:`DegenerateWatch`): an agent whose gradient norm is
   exactly 0 for :data:`DEGENERATE_STEPS` steps in a row (a learning rate that destroyed the weights, rewards that
   never vary), or steps whose samples are identical in every task group for as many steps (temperature 0: every
-  advantage is 0). The log warns once per cause; the ``DONE`` marker lists the causes; the report lists the run.
+  advantage is 0); a run shorter than that, for every one of its steps. The log warns once per cause; the ``DONE``
+  marker lists the causes; the report lists the run.
 """
 from __future__ import annotations
 
@@ -68,6 +69,12 @@ class DegenerateWatch:
         self.steps = steps
         self.streaks: dict[str, list[int]] = {}  # sign -> [first step of the streak, its length]
         self.causes: dict[str, str] = {}
+
+    @classmethod
+    def for_run(cls, total_steps: int) -> "DegenerateWatch":
+        """The watch of a run of ``total_steps`` steps: :data:`DEGENERATE_STEPS` in a row, or every step of a run
+        shorter than that (else a short run could never be called degenerate)."""
+        return cls(max(1, min(DEGENERATE_STEPS, total_steps)))
 
     def observe(self, step: int, metrics: dict[str, Any], identical: bool) -> None:
         """Advance every sign by step ``step`` (its metrics; whether its samples were identical)."""

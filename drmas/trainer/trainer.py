@@ -29,6 +29,7 @@ from drmas.config.identity import identity_record
 from drmas.io import atomic_write_json, atomic_write_text, read_json_object
 from drmas.devices import cpu_identity, describe, resolve_device
 from drmas.orchestra import make_orchestra
+from drmas.preflight import model_shapes
 from drmas.rollout.base import SamplingParams
 from drmas.loggers import MetricsSink
 from drmas.progress import Progress
@@ -84,7 +85,7 @@ class Trainer:
         self.spikes = {name: SpikeDetector() for name in [*cfg.models, *agent_names]}
         self.invalid_penalties = cfg.invalid_penalties()
         self.consecutive_nonfinite = 0
-        self.degenerate = DegenerateWatch()
+        self.degenerate = DegenerateWatch.for_run(cfg.train.steps)
         self.step = 0
         self.progress = True
         """Progress of the steps and evaluations (:class:`drmas.progress.Progress`); :meth:`train` sets it."""
@@ -229,7 +230,7 @@ class Trainer:
         self.backend.restart()
         self.spikes = {name: SpikeDetector() for name in self.spikes}
         self.consecutive_nonfinite = 0
-        self.degenerate = DegenerateWatch()
+        self.degenerate = DegenerateWatch.for_run(self.cfg.train.steps)
 
     def _run(self, start: int, progress: bool) -> dict[str, Any]:
         """Steps ``start`` .. ``train.steps`` - 1 with their evaluations and checkpoints, then the final
@@ -318,6 +319,7 @@ class Trainer:
             "name": self.cfg.name, "config": json.loads(self.cfg.model_dump_json()),
             "effective_agents": self.cfg.effective_agents(),
             "effective_optim": {k: self.cfg.effective_optim(k).model_dump() for k in self.cfg.models},
+            "model_shapes": model_shapes(self.cfg),  # what `drmas eval` checks before it loads a checkpoint
             "seeds": {"train": self.cfg.train.seed},
             "versions": {"python": platform.python_version(), "torch": torch.__version__,
                          "transformers": transformers.__version__, "numpy": np.__version__},

@@ -29,6 +29,7 @@ from drmas.checkpoints import build_record, check_base_checkpoint, verify_artifa
 from drmas.config import RunConfig
 from drmas.io import atomic_folder
 from drmas.plugins import init_worker, loaded_plugins
+from drmas.shutdown import ctrl_c_left_to_me
 from drmas.tasks import TASK_SOURCES, TaskSource, make_task_source
 from envs.base import Task
 
@@ -162,8 +163,11 @@ def _warmup_locked(cfg: RunConfig, progress: bool) -> dict[str, Any]:
     # the plug-ins this process imported (their agent roles, task sources and classes are known there too)
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=init_worker,
                              initargs=(os.getpid(), signal.SIGKILL, loaded_plugins())) as pool:
-        # progress as timed log lines (bar=False): the bars of parallel processes would overwrite each other
-        return dict(pool.map(_run_sft_job, jobs, [progress] * len(jobs), [False] * len(jobs)))
+        # progress as timed log lines (bar=False): the bars of parallel processes would overwrite each other;
+        # the workers start (at the first submit) deaf to a terminal's Ctrl-C: this process ends them
+        with ctrl_c_left_to_me():
+            results = pool.map(_run_sft_job, jobs, [progress] * len(jobs), [False] * len(jobs))
+        return dict(results)
 
 
 @dataclass(frozen=True)

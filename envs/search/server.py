@@ -18,7 +18,9 @@ Bad requests get a 4xx with ``{"detail": "<what is wrong and the limit>"}``: 400
 nested deeper than ``max_json_depth``, 408 a body not sent within ``body_timeout_s``, 413 body/batch/query
 too large, more than ``max_hits`` results (queries x topk) or an answer over ``max_response_bytes``
 (checked on the passages' lengths before the answer is built, then on the encoded answer), 422 wrong field
-types or topk out of range. Idle keep-alive connections close after ``keep_alive_s``. After a request whose
+types or topk out of range; 408 and a closed connection when a request's headers are not complete within
+``header_timeout_s`` of the connection's start or of the previous answer (:func:`uvicorn_config`). Idle keep-alive
+connections close after ``keep_alive_s``. After a request whose
 body and answer together reach ``release_after_bytes``, the freed heap is handed back to the operating
 system once the answer is sent (glibc ``malloc_trim(0)``; see ``release_memory``), and the server process
 keeps one malloc arena (``--malloc-arenas``; see ``limit_malloc_arenas``), so a burst of large requests
@@ -73,11 +75,12 @@ class ServerLimits:
     release_after_bytes: int = 1 << 20  # body + answer at least this large: hand freed heap back to the OS after it
     body_timeout_s: float = 30.0  # the whole body must arrive within this (else 408: no half-sent body stays open)
     keep_alive_s: float = 5.0  # idle keep-alive connections are closed after this (uvicorn timeout_keep_alive)
+    header_timeout_s: float = 10.0  # a request's headers must be complete within this (else 408 and the close)
 
     def __post_init__(self) -> None:
         if min(self.max_queries, self.max_query_chars, self.max_topk, self.max_body_bytes, self.default_topk,
                self.max_json_depth, self.max_hits, self.max_response_bytes, self.release_after_bytes,
-               self.body_timeout_s, self.keep_alive_s) <= 0:
+               self.body_timeout_s, self.keep_alive_s, self.header_timeout_s) <= 0:
             raise ValueError(f"all server limits must be > 0, got {self}")
         if self.default_topk > self.max_topk:
             raise ValueError(f"--topk {self.default_topk} exceeds --max-topk {self.max_topk}; lower --topk or "
@@ -212,7 +215,7 @@ def create_app(retriever: Retriever, limits: ServerLimits = ServerLimits(), corp
     """FastAPI app serving ``retriever``; ``corpus_label`` is how ``/health`` names the corpus (default: the
     corpus's own name)."""
     app = FastAPI(title="drmas retrieval server (Search-R1 API)")
-    app.state.keep_alive_s = limits.keep_alive_s
+    app.state.limits = limits
 
     @app.get("/health")
     def health() -> dict[str, Any]:
@@ -320,6 +323,54 @@ def _url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+def uvicorn_config(app: Any, log_level: str) -> Any:
+    """uvicorn's config for an app of :func:`create_app`, with its :class:`ServerLimits`: idle keep-alive
+    connections close after ``keep_alive_s``, and a request whose headers do not finish within ``header_timeout_s``
+    gets 408 and the connection is closed (uvicorn itself waits for them forever, so a client that never finishes its
+    headers would hold a connection and its memory for good)."""
+    import uvicorn
+
+    limits = getattr(app.state, "limits", ServerLimits())
+    return uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_keep_alive=int(limits.keep_alive_s),
+                          http=_header_deadline_protocol(limits.header_timeout_s))
+
+
+def _header_deadline_protocol(header_timeout_s: float) -> type:
+    """uvicorn's h11 protocol with a deadline for each request's headers: from the connection's start, and again
+    from each answer; a request whose headers are complete by then is served as usual (its body has
+    ``body_timeout_s``)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    detail = json.dumps({"detail": f"request headers not received within {header_timeout_s} s"}).encode()
+    answer = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+              b"content-length: " + str(len(detail)).encode() + b"\r\n\r\n" + detail)
+
+    class HeaderDeadlineProtocol(H11Protocol):
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm_header_deadline()
+
+        def on_response_complete(self) -> None:
+            self._arm_header_deadline()  # for the next request: one that starts at once (pipelined) disarms it
+            super().on_response_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._header_deadline.cancel()
+            super().connection_lost(exc)
+
+        def _arm_header_deadline(self) -> None:
+            if getattr(self, "_header_deadline", None) is not None:
+                self._header_deadline.cancel()
+            self._header_deadline = self.loop.call_later(header_timeout_s, self._headers_overdue, self.cycle)
+
+        def _headers_overdue(self, cycle: Any) -> None:
+            if self.cycle is cycle and not self.transport.is_closing():  # no request began since the deadline was set
+                self.transport.write(answer)
+                self.transport.close()
+
+    return HeaderDeadlineProtocol
+
+
 class ServerThread:
     """Run an app with uvicorn in a background thread (tests, in-process trainers).
 
@@ -331,8 +382,7 @@ class ServerThread:
 
         self.sock = bind_socket(host, port)
         self.url = _url(self.sock)
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
-                                                    timeout_keep_alive=int(getattr(app.state, "keep_alive_s", 5))))
+        self.server = uvicorn.Server(uvicorn_config(app, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.startup_timeout_s = startup_timeout_s
 
@@ -469,9 +519,8 @@ def serve(args: argparse.Namespace) -> int:
         logger.info("retrieval server (%s, corpus %s: %d passages, sha256 %s) listening on %s", args.backend,
                     corpus_label(args.corpus, path), len(retriever.corpus), retriever.corpus.content_hash, url)
         print(f"RETRIEVAL_SERVER_URL={url}", flush=True)
-        uvicorn.Server(uvicorn.Config(create_app(retriever, limits, corpus_label(args.corpus, path)),
-                                      log_level=args.log_level.lower(), lifespan="off",
-                                      timeout_keep_alive=int(limits.keep_alive_s))).run(sockets=[sock])
+        uvicorn.Server(uvicorn_config(create_app(retriever, limits, corpus_label(args.corpus, path)),
+                                      log_level=args.log_level.lower())).run(sockets=[sock])
     return 0
 
 
