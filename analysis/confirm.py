@@ -35,7 +35,7 @@ from drmas.io import atomic_write_text
 from analysis.claims import (CONFIRMATORY, DESCRIPTIVE, INCONCLUSIVE, NO_DIFFERENCE, NOT_RUN, REFUTED, REPRODUCED,
                              UNDERPOWERED, ClaimSpec, Judged, Option, Study, incomplete, incomplete_so_far)
 from analysis.confirm_rules import WINDOW, abandonment, clip_dial, elevation, frontier, record, time_to_collapse
-from analysis.events import PERSIST, abandoned_at, calls_of, finished, nonfinite_and_reward, steps_of
+from analysis.events import collapse_event, declared_agents, finished, steps_of
 from analysis.formatting import fmt_interval, fmt_value, markdown
 from analysis.integrity import problem_lines
 from analysis.plotting import save
@@ -51,41 +51,6 @@ with fewer than this share of its runs collapsed had less information than the s
 
 
 # ------------------------------------------------------------------------------------------ the event
-def declared_agents(run_path: Path) -> tuple[str, ...]:
-    """The agents the run's orchestra declares (its ``slots``), from the run's ``manifest.json`` config."""
-    from drmas.orchestra import ORCHESTRA_REGISTRY
-
-    name = (run_manifest(Path(run_path))["config"].get("env") or {}).get("orchestra")
-    return tuple(ORCHESTRA_REGISTRY.get(name).slots)
-
-
-@dataclass(frozen=True)
-class Event:
-    """One run's collapse: its step (None: censored), the run's last step, the first clause, abandoned agents."""
-
-    step: int | None
-    last_step: int
-    reason: str                     # "non-finite", "reward", "abandoned:<agent>", or "" (censored)
-    abandoned: tuple[str, ...] = ()  # every agent whose abandonment clause fired, in any order of time
-
-
-def collapse_event(steps: pd.DataFrame, agents: tuple[str, ...], persist: int = PERSIST) -> Event:
-    """The confirmatory event (module docstring) on one run's step records."""
-    s = steps.sort_values("step").set_index("step")
-    fired = nonfinite_and_reward(s, persist)
-    abandoned = []
-    for agent in agents:
-        key = f"agent/{agent}/calls_per_traj"
-        if key in s and (t := abandoned_at(calls_of(s, key), persist)) is not None:
-            fired[f"abandoned:{agent}"] = t
-            abandoned.append(agent)
-    last = int(s.index.max()) if len(s) else -1
-    if not fired:
-        return Event(None, last, "", ())
-    reason = min(fired, key=fired.get)
-    return Event(fired[reason], last, reason, tuple(abandoned))
-
-
 def event_table(data: GridData) -> pd.DataFrame:
     """One row per finished run: estimator, lr, seed, arm, clip, the time (collapse step, or last step when
     censored), the event flag, its reason, abandoned agents, and the code commit it ran with."""

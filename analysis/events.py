@@ -4,16 +4,18 @@ of the exploratory grids, and which runs of a grid count for a verdict.
 
 Every rule reads one run's step records (:attr:`analysis.runs.GridData.steps` rows of the run) indexed or sorted by
 step; a study composes its event from these clauses (the exploratory grids: :func:`collapse_of`; the confirmatory
-round: the non-finite and reward clauses plus the abandonment of every declared agent).
+round and the frontier round: :func:`collapse_event`, the non-finite and reward clauses plus the abandonment of
+every agent the run's orchestra declares).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from analysis.runs import GridData
+from analysis.runs import GridData, run_manifest
 
 ROLL = 10                # W: trailing window of the rolling means
 EARLY = 10               # steps 0 .. EARLY-1: a run's own early range
@@ -60,11 +62,22 @@ def nonfinite_and_reward(s: pd.DataFrame, persist: int = PERSIST) -> dict[str, i
     bad = (counts.fillna(0).to_numpy(float) > 0).any(1) if counts.shape[1] else np.zeros(len(s), bool)
     if bad.any():
         fired["non-finite"] = int(s.index[np.argmax(bad)])
-    roll = s["reward/mean"].rolling(ROLL, min_periods=ROLL).mean()
-    flag = (roll <= REWARD_DROP * roll.cummax()) & roll.notna()
-    if (t := first_sustained(flag, persist)) is not None:
+    if (t := first_sustained(reward_flag(s), persist)) is not None:
         fired["reward"] = t
     return fired
+
+
+def reward_flag(s: pd.DataFrame) -> pd.Series:
+    """The reward clause's flag per step (indexed by step): the rolling mean of ROLL steps at or below REWARD_DROP of
+    its running peak. The clause fires where it holds for PERSIST consecutive steps."""
+    roll = s["reward/mean"].rolling(ROLL, min_periods=ROLL).mean()
+    return (roll <= REWARD_DROP * roll.cummax()) & roll.notna()
+
+
+def longest_streak(flag: pd.Series) -> int:
+    """The longest run of consecutive True values of ``flag`` (0 where it never holds)."""
+    run_id = (~flag).cumsum()
+    return int(flag.groupby(run_id).sum().max()) if flag.any() else 0
 
 
 @dataclass(frozen=True)
@@ -88,6 +101,44 @@ def collapse_of(steps: pd.DataFrame, persist: int = PERSIST) -> Collapse:
         return Collapse(None, "")
     reason = min(fired, key=fired.get)
     return Collapse(fired[reason], reason)
+
+
+# ---------------------------------------------------------------- the confirmatory event (also the frontier round's)
+def declared_agents(run_path: Path) -> tuple[str, ...]:
+    """The agents the run's orchestra declares (its ``slots``), from the run's ``manifest.json`` config."""
+    from drmas.orchestra import ORCHESTRA_REGISTRY
+
+    name = (run_manifest(Path(run_path))["config"].get("env") or {}).get("orchestra")
+    return tuple(ORCHESTRA_REGISTRY.get(name).slots)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One run's collapse: its step (None: censored), the run's last step, the first clause, abandoned agents."""
+
+    step: int | None
+    last_step: int
+    reason: str                     # "non-finite", "reward", "abandoned:<agent>", or "" (censored)
+    abandoned: tuple[str, ...] = ()  # every agent whose abandonment clause fired, in any order of time
+
+
+def collapse_event(steps: pd.DataFrame, agents: tuple[str, ...], persist: int = PERSIST) -> Event:
+    """The confirmatory event (docs/stability.md, "The confirmatory round"; the frontier round's primary event) on one
+    run's step records: the earliest of the non-finite clause, the reward clause and the abandonment of any agent of
+    ``agents``; censored (``step`` None) where none fired."""
+    s = steps.sort_values("step").set_index("step")
+    fired = nonfinite_and_reward(s, persist)
+    abandoned = []
+    for agent in agents:
+        key = f"agent/{agent}/calls_per_traj"
+        if key in s and (t := abandoned_at(calls_of(s, key), persist)) is not None:
+            fired[f"abandoned:{agent}"] = t
+            abandoned.append(agent)
+    last = int(s.index.max()) if len(s) else -1
+    if not fired:
+        return Event(None, last, "", ())
+    reason = min(fired, key=fired.get)
+    return Event(fired[reason], last, reason, tuple(abandoned))
 
 
 def steps_of(data: GridData, run: str) -> pd.DataFrame:

@@ -59,10 +59,21 @@ class Frontier:
     delta: float
     ci: tuple[float, float]
     draws: np.ndarray  # Δ* per bootstrap draw (for interactions between arms)
+    fits: tuple[tuple[float, float], tuple[float, float]] = ((math.nan, math.nan), (math.nan, math.nan))
+    """(b0, b1) of GRPO's and Dr. MAS's fitted curves"""
+    draw_fits: np.ndarray | None = None
+    """(draws, 2 estimators, 2): every bootstrap draw's refitted (b0, b1), GRPO first: the curves' bands"""
+    x50_draws: np.ndarray | None = None
+    """(draws, 2 estimators): every draw's x50 (within the span), GRPO first: each LR50's own interval"""
 
     @property
     def ratio(self) -> float:
         return 2.0 ** self.delta
+
+    def x50_interval(self, which: int) -> tuple[float, float]:
+        """95 % percentile interval of estimator ``which``'s x50 (0: GRPO, 1: Dr. MAS) over its own draws."""
+        d = self.x50_draws[:, which]
+        return float(np.quantile(d, 0.025)), float(np.quantile(d, 0.975))
 
     def p_above_zero(self) -> float:
         """One-sided bootstrap p of "Δ > 0" (Dr. MAS's frontier above GRPO's): (1 + #{Δ* <= 0}) / (B + 1)."""
@@ -76,14 +87,15 @@ def frontier(x_grpo: np.ndarray, y_grpo: np.ndarray, x_drmas: np.ndarray, y_drma
     lo, hi = xs.min() - X50_SPAN, xs.max() + X50_SPAN
     fits = [firth_fit(x_grpo, y_grpo), firth_fit(x_drmas, y_drmas)]
     x50 = [x50_of(*f, lo, hi) for f in fits]
-    delta_draws = np.empty(draws)
+    draw_fits = np.empty((draws, 2, 2))
     probs = [1 / (1 + np.exp(-(b0 + b1 * x))) for (b0, b1), x in zip(fits, (x_grpo, x_drmas))]
     for d in range(draws):
-        g = x50_of(*firth_fit(x_grpo, rng.random(len(x_grpo)) < probs[0]), lo, hi)
-        m = x50_of(*firth_fit(x_drmas, rng.random(len(x_drmas)) < probs[1]), lo, hi)
-        delta_draws[d] = m - g
+        draw_fits[d, 0] = firth_fit(x_grpo, rng.random(len(x_grpo)) < probs[0])
+        draw_fits[d, 1] = firth_fit(x_drmas, rng.random(len(x_drmas)) < probs[1])
+    x50_draws = np.array([[x50_of(*f, lo, hi) for f in pair] for pair in draw_fits]).reshape(draws, 2)
+    delta_draws = x50_draws[:, 1] - x50_draws[:, 0]
     ci = (float(np.quantile(delta_draws, 0.025)), float(np.quantile(delta_draws, 0.975)))
-    return Frontier(x50[0], x50[1], x50[1] - x50[0], ci, delta_draws)
+    return Frontier(x50[0], x50[1], x50[1] - x50[0], ci, delta_draws, (fits[0], fits[1]), draw_fits, x50_draws)
 
 
 def verdict(ci: tuple[float, float], margin: float = MARGIN_OCTAVES) -> str:

@@ -1,10 +1,10 @@
 """``python -m analysis.report --runs results/runs/cpu [--out results] [--figures paper_figures] [--mechanism DIR]
-[--stability DIR...] [--confirm DIR]``
+[--stability DIR...] [--confirm DIR] [--frontier DIR]``
 
 Assembles what the studies return into the paper's tables (``<out>/tables/``), figures (``<figures>/``) and a one-page
 ``<out>/REPORT.md``: each claim of the paper with our measurement, the paper's value, a verdict and the rule that gave
 it. Each study (:data:`STUDIES`: the main grid, the mechanism sweep, the exploratory stability grids, the confirmatory
-round) is one :class:`analysis.claims.Study`: the report loads the grids named on its command line, hands them to every
+round, the frontier round) is one :class:`analysis.claims.Study`: the report loads the grids named on its command line, hands them to every
 study (:class:`analysis.claims.Inputs`), and writes the studies' tables, figures and judged claims in the list's order.
 A claim whose runs are missing says "not run", one computed on fewer runs than its design says "incomplete (n of N
 runs)", and "Data problems" lists every run not used and every record dropped, of every grid read
@@ -25,7 +25,7 @@ import yaml
 
 from drmas.io import atomic_write_text
 
-from analysis import confirm, main_grid, stability, sweep
+from analysis import confirm, frontier, main_grid, stability, sweep
 from analysis.claims import Claim, Inputs, Study
 from analysis.cli import missing_paths, parse_dataclass_args
 from analysis.integrity import data_problems_section
@@ -37,7 +37,7 @@ from analysis.views import describe_scale
 logger = logging.getLogger("analysis.report")
 ROOT = Path(__file__).resolve().parent.parent
 
-STUDIES: tuple[Study, ...] = (main_grid.STUDY, sweep.STUDY, stability.STUDY, confirm.STUDY)
+STUDIES: tuple[Study, ...] = (main_grid.STUDY, sweep.STUDY, stability.STUDY, confirm.STUDY, frontier.STUDY)
 """The report's studies, in REPORT.md's order (their claims, tables and figures come out in this order)."""
 
 
@@ -148,7 +148,7 @@ def report_markdown(an: Assembled, claims: list[Claim], out: Path, tables_dir: P
              "round (**confirmatory**: fresh seeds, rules and power statements committed before its runs, "
              "docs/stability.md). Labels: a1-f the main grid (the paper's claims a-f), S-... the exploratory "
              "stability grids (S-b revisits b, S-g is claim g, collapse; -math: the math system), C1-C5 and C-acc "
-             "the confirmatory round.", "",
+             "the confirmatory round, C6-n, C6-s and C6-acc the frontier round (confirmatory too, docs/frontier.md).", "",
              "| label | claim | design | paper | ours | verdict |", "|---|---|---|---|---|---|"]
     for c in claims:
         lines.append(f"| {c.label} | [{c.claim}](#{_anchor(c)}) | {c.design} | {c.paper_headline} | {c.headline} | "

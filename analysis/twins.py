@@ -1,7 +1,7 @@
 """What the stability studies compare between a GRPO run and its Dr. MAS twin (the run of the same learning rate and
 seed): the twin pairs, accuracy over time paired by seed and task, and the Figure-4 analogue (per-agent pre-clip
 gradient norm over steps, GRPO vs Dr. MAS). The exploratory grids (:mod:`analysis.stability`) and the confirmatory
-round (:mod:`analysis.confirm`) both read them; neither owns them."""
+round (:mod:`analysis.confirm`) and the frontier round (:mod:`analysis.frontier`) read them; none owns them."""
 from __future__ import annotations
 
 import math
@@ -43,8 +43,9 @@ def twin_pairs(events: pd.DataFrame) -> list[tuple[float, int, str, str]]:
 
 
 # ------------------------------------------------------------------------------------------ accuracy over time
-def _task_curves(data: GridData, run: str) -> tuple[np.ndarray, np.ndarray]:
-    """(eval steps, per-step x per-task success share) of one run, steps sorted; one benchmark pooled."""
+def task_curves(data: GridData, run: str) -> tuple[np.ndarray, np.ndarray]:
+    """(eval steps, per-step x per-question success share) of one run, steps sorted; the benchmarks' questions side
+    by side."""
     ev = data.evals[data.evals["run"] == run].sort_values(["step", "benchmark"])
     steps = np.array(sorted(ev["step"].unique()))
     rows = [np.concatenate([np.asarray(s, float) / k for s, k in zip(g["successes"], g["k"])])
@@ -65,7 +66,7 @@ def accuracy_over_time(data: GridData, runs: pd.DataFrame, rng: np.random.Genera
         for seed, pair in cell.groupby("seed"):
             if set(pair["estimator"]) != {GRPO, DRMAS}:
                 continue
-            curves = {e: _task_curves(data, pair.loc[pair["estimator"] == e, "run"].iloc[0]) for e in (GRPO, DRMAS)}
+            curves = {e: task_curves(data, pair.loc[pair["estimator"] == e, "run"].iloc[0]) for e in (GRPO, DRMAS)}
             (sg, cg), (sd, cd) = curves[GRPO], curves[DRMAS]
             if len(sg) < 2 or not np.array_equal(sg, sd) or cg.shape != cd.shape:
                 continue

@@ -123,6 +123,12 @@ if asked stability; then
   "$PY" -m experiments.grid run experiments/grids/stability_confirm.yaml --jobs "$JOBS" --device "$DEVICE" --stale "$STALE" \
     ${RUNS:+--only "$RUNS"}
   "$PY" -m analysis.confirm --runs results/runs/stability_confirm --out results/stability_confirm
+  if [ -f experiments/grids/frontier.yaml ]; then  # the frontier round's levels are committed once its pilot is done
+    stage "stability, frontier round: experiments/grids/frontier.yaml (pre-registered in docs/frontier.md; resumable)"
+    "$PY" -m experiments.grid run experiments/grids/frontier.yaml --jobs "$JOBS" --device "$DEVICE" --stale "$STALE" \
+      ${RUNS:+--only "$RUNS"}
+    "$PY" -m analysis.frontier --runs results/runs/frontier --out results/frontier
+  fi
   stage "stability, math: its GRPO pilot, then experiments/grids/stability_math.yaml (resumable), then its verdicts"
   "$PY" -m experiments.grid run experiments/grids/stability_math_pilot.yaml --jobs "$JOBS" --device "$DEVICE" --stale "$STALE"
   "$PY" -m experiments.grid run experiments/grids/stability_math.yaml --jobs "$JOBS" --device "$DEVICE" --stale "$STALE" \
@@ -141,6 +147,7 @@ if want analysis; then
     done
     if [ "${#STAB_ARGS[@]}" -gt 0 ]; then STAB_ARGS=(--stability "${STAB_ARGS[@]}"); fi
     if [ -f results/runs/stability_confirm/index.json ]; then STAB_ARGS+=(--confirm results/runs/stability_confirm); fi
+    if [ -f results/runs/frontier/index.json ]; then STAB_ARGS+=(--frontier results/runs/frontier); fi
   fi
   "$PY" -m analysis.report --runs "$(out_dir "$GRID")" --out results --figures paper_figures "${MECH_ARGS[@]}" "${STAB_ARGS[@]}" \
     > "$SUMMARY/claims.txt"

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import confirm
+from analysis import confirm, events
 from analysis.formatting import fmt_interval
 from analysis.runs import load_grid
 
@@ -85,7 +85,7 @@ def make_grid(root: Path, seeds=range(6), grpo_collapses=True, unfinished: int =
 def test_declared_agents_come_from_the_orchestra(tmp_path):
     grid = make_grid(tmp_path / "g", seeds=[0])
     run = next(p for p in grid.iterdir() if p.is_dir())
-    assert confirm.declared_agents(run) == AGENTS
+    assert events.declared_agents(run) == AGENTS
 
 
 def test_collapse_event_watches_every_agent(tmp_path):

@@ -26,7 +26,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [  # bottom first; a module belongs 
                                                     "analysis.cli")),
     ("analysis: claims", ("analysis.theory", "analysis.tables", "analysis.mechanism", "analysis.class_aware",
                           "analysis.figures")),
-    ("analysis: studies", ("analysis.main_grid", "analysis.sweep", "analysis.stability", "analysis.confirm")),
+    ("analysis: studies", ("analysis.main_grid", "analysis.sweep", "analysis.stability", "analysis.confirm",
+                           "analysis.frontier")),
     ("analysis: the report", ("analysis.report", "analysis.notebooks")),
 ]
 PACKAGES = ("drmas", "envs", "analysis")

@@ -54,7 +54,8 @@ def test_the_report_assembles_exactly_the_studies():
     import importlib
 
     assert list(report.STUDIES) == [importlib.import_module(m).STUDY for m in
-                                    ("analysis.main_grid", "analysis.sweep", "analysis.stability", "analysis.confirm")]
+                                    ("analysis.main_grid", "analysis.sweep", "analysis.stability", "analysis.confirm",
+                                     "analysis.frontier")]
     assert set(report.STUDIES) == {importlib.import_module(m).STUDY for m in study_modules()}
 
 
