@@ -207,3 +207,24 @@ def test_the_report_says_not_run_without_the_round_and_the_command_line_refuses_
     assert j.verdict == "not run" and j.design == "confirmatory"
     assert frontier.main(["--runs", str(tmp_path / "absent")]) == 2
     assert "is not a grid folder" in caplog.text
+
+
+def test_the_grid_writer_reproduces_the_pilot_and_writes_a_valid_round(tmp_path):
+    """experiments/frontier_grid.py: its entries for the pilot's levels are the committed pilot spec's, byte for byte,
+    and a round written from levels validates and holds every pre-registered cell."""
+    from experiments import frontier_grid as fg
+    from experiments.grid import load_grid as load_spec
+
+    pilot = "".join(fg.entry("pilot", arm, est, lr, "frontier_pilot") for lr in (7.07e-5, 1e-4, 1.41e-4, 2e-4)
+                    for arm in frontier_rules.ARMS for est, _ in fg.ESTIMATORS)
+    assert pilot == fg.PILOT_YAML.read_text().split("runs:\n", 1)[1]
+    levels = {"nonsharing": [ladder_level(j) for j in range(-1, 4)], "sharing": [ladder_level(j) for j in range(0, 6)]}
+    spec = tmp_path / "frontier.yaml"
+    spec.write_text(fg.round_yaml(levels, "commit abc1234"))
+    grid = load_spec(spec)
+    assert len(grid.runs) == (5 + 6) * 2 * 6 + 12
+    cells = {(r.tags["assignment"], r.tags["estimator"], r.tags["level"]) for r in grid.runs}
+    assert len(cells) == (5 + 6) * 2 + 2
+    assert {r.seed for r in grid.runs if r.tags["study"] == "frontier"} == set(frontier_rules.ROUND_SEEDS)
+    assert {r.seed for r in grid.runs if r.tags["study"] == "frontier_learn"} == set(frontier_rules.LEARN_SEEDS)
+    assert fg.extension_level("extend upwards to 0.000283") == 0.000283 and fg.extension_level("levels 1e-4") is None
