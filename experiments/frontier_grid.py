@@ -57,7 +57,7 @@ def round_yaml(levels: dict[str, list[float]], pilot_commit: str) -> str:
             + "; ".join(f"{ARM_LABELS[a]} {', '.join(f'{v:.3g}' for v in lv) or 'none'}" for a, lv in levels.items())
             + ".\n# Seeds 3000-3005 per cell (both arms, both estimators); \"where both learn\": non-sharing, 5e-5, "
             f"seeds 3100-3105.\n# 200 steps, no early stop; every run at the training commit named in docs/frontier.md.\n"
-            "name: frontier\nout_dir: results/runs/frontier\nsft:\n  - experiments/configs/cpu/search_base.yaml\n"
+            "name: frontier\nout_dir: results/runs/frontier\ntwins_together: true\nsft:\n  - experiments/configs/cpu/search_base.yaml\n"
             f"defaults:\n  seeds: [{', '.join(map(str, ROUND_SEEDS))}]\nruns:\n")
     body = "".join(entry("round", arm, est, lr, "frontier") for arm, lv in levels.items() for lr in lv
                    for est, _ in ESTIMATORS)

@@ -86,6 +86,9 @@ class GridSpec(Strict):
     name: Optional[StrictStr] = Field(None, description="the grid's name (default: the spec file's stem)")
     out_dir: Optional[StrictStr] = Field(None, description="where the run folders go (default: results/runs/<stem>)")
     requires_gpu: StrictBool = Field(False, description="the grid's runs need a GPU (a dry run lists them anywhere)")
+    twins_together: StrictBool = Field(False, description="start twins (runs whose tags differ only in the "
+                                       "estimator) side by side, so that they draw their step-0 rollout in one sitting "
+                                       "on one machine: a lane waits for its twin's lane")
     sft: list[ConfigPath] = Field(default_factory=list, description="configs whose missing model checkpoints are "
                                   "SFT'd before the runs that start from them")
     defaults: EntrySettings = Field(default_factory=EntrySettings, description="what every entry gives unless it "

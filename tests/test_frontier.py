@@ -222,7 +222,7 @@ def test_the_grid_writer_reproduces_the_pilot_and_writes_a_valid_round(tmp_path)
     spec = tmp_path / "frontier.yaml"
     spec.write_text(fg.round_yaml(levels, "commit abc1234"))
     grid = load_spec(spec)
-    assert len(grid.runs) == (5 + 6) * 2 * 6 + 12
+    assert len(grid.runs) == (5 + 6) * 2 * 6 + 12 and grid.twins_together
     cells = {(r.tags["assignment"], r.tags["estimator"], r.tags["level"]) for r in grid.runs}
     assert len(cells) == (5 + 6) * 2 + 2
     assert {r.seed for r in grid.runs if r.tags["study"] == "frontier"} == set(frontier_rules.ROUND_SEEDS)
