@@ -479,6 +479,14 @@ def test_openrlhf_overrides():
         seam.openrlhf_overrides(_spec(aggregation="seq_mean_token_sum"), 0.5)
 
 
+def test_the_api_check_covers_every_option_drmas_sets():
+    """What :func:`api.check_openrlhf_api` checks against OpenRLHF's CLI: the options of any worker group."""
+    options = api.drmas_cli_options()
+    assert "actor.adam.lr" in options and "actor.eps_clip_low_high" in options
+    for spec in (_spec(), _spec(num_gpus=4, micro=2, mini=5, warmup_steps=3, entropy_coef=0.001, lr=2e-6)):
+        assert set(seam.openrlhf_overrides(spec, 0.3)) == options
+
+
 def test_build_args_nests_and_rejects_unknown_options():
     args = api.build_args({"actor.adam.lr": 2e-6}, {"actor.adam.lr": 1e-6, "actor.adam.eps": 1e-8, "local_rank": -1})
     assert args.actor.adam.lr == 2e-6 and args.actor.adam.eps == 1e-8 and args.local_rank == -1

@@ -268,10 +268,11 @@ def installed_openrlhf_version() -> str | None:
 
 
 def drmas_cli_options() -> set[str]:
-    """Every ``train_ppo_ray`` option drmas sets: the keys of :func:`~drmas.workers.openrlhf.seam.openrlhf_overrides`
-    for a worker group of default settings (the keys are the same for every worker group)."""
-    probe = WorkerSpec("probe", ModelConfig(preset=None, path="probe", resources=ResourcesConfig(checkpoint_dir="probe")),
-                       OptimConfig(), AlgoConfig(), seed=0)
+    """Every ``train_ppo_ray`` option drmas sets: the keys of
+    :func:`~drmas.workers.openrlhf.seam.openrlhf_overrides` for a worker group of default settings (the keys are
+    the same for every worker group)."""
+    model = ModelConfig(preset=None, path="probe", resources=ResourcesConfig(checkpoint_dir="probe"))
+    probe = WorkerSpec("probe", model, OptimConfig(), AlgoConfig(), seed=0)
     return set(openrlhf_overrides(probe, 0.5))
 
 
