@@ -225,8 +225,9 @@ def test_imports_resolve_to_the_modules_they_load():
 
 
 # ------------------------------------------------------------------------------------- planted violations
-#: The packages that were namespace packages (no ``__init__.py``) before they got one.
-FORMER_NAMESPACE_PACKAGES = ("drmas.trainer", "drmas.workers", "drmas.workers.openrlhf")
+#: Packages whose modules import their siblings (each a regular package with an ``__init__.py``; without one,
+#: ``from . import module`` names no module of the walk).
+SIBLING_PACKAGES = ("drmas.trainer", "drmas.workers", "drmas.workers.openrlhf")
 
 
 def copy_tree(dest: Path) -> Path:
@@ -265,16 +266,16 @@ def _cycle_through_lazy_export(root: Path) -> tuple[str, str]:
     raise AssertionError("no lazily exported module imports another of its package in the same layer")
 
 
-def _cycle_in_former_namespace_package(root: Path) -> tuple[str, str]:
-    """Module B of one of those packages imports A, which imports B, written ``from . import a``."""
+def _cycle_through_relative_import(root: Path) -> tuple[str, str]:
+    """Module B of one of :data:`SIBLING_PACKAGES` imports A, which imports B, written ``from . import a``."""
     graph = import_graph(root)
-    for package in FORMER_NAMESPACE_PACKAGES:
+    for package in SIBLING_PACKAGES:
         children = {m for m in graph if m.rpartition(".")[0] == package}
         for a in sorted(children):
             for b in sorted(graph[a] & children):
                 plant(root, b, f"from . import {a.rpartition('.')[2]}")
                 return b, a
-    raise AssertionError(f"no module of {FORMER_NAMESPACE_PACKAGES} imports a sibling")
+    raise AssertionError(f"no module of {SIBLING_PACKAGES} imports a sibling")
 
 
 def _upward_in_analysis(root: Path) -> tuple[str, str]:
@@ -298,7 +299,7 @@ def _experiments_from_library(root: Path) -> tuple[str, str]:
 PLANTED = {
     "upward import written `from pkg import module`": (_upward_from_pkg_import, "upward"),
     "cycle through a lazy export": (_cycle_through_lazy_export, "cycle"),
-    "cycle inside a package that had no __init__.py": (_cycle_in_former_namespace_package, "cycle"),
+    "cycle written `from . import module` inside a package": (_cycle_through_relative_import, "cycle"),
     "upward import in analysis/ written `from analysis import module`": (_upward_in_analysis, "upward"),
     "import of experiments from drmas/": (_experiments_from_library, "upward"),
 }
