@@ -39,7 +39,8 @@ from analysis.events import collapse_event, declared_agents, finished, steps_of
 from analysis.formatting import fmt_interval, fmt_value, markdown
 from analysis.integrity import problem_lines
 from analysis.plotting import save
-from analysis.runs import GridData, load_grid, run_manifest
+from analysis.run_records import run_manifest
+from analysis.runs import GridData, load_grid
 from analysis.stats import ALPHA, N_BOOT, bootstrap_streams, holm
 from analysis.twins import accuracy_over_time, fig_gradnorm_over_steps
 

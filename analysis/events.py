@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.runs import GridData, run_manifest
+from analysis.run_records import run_manifest
+from analysis.runs import GridData
 
 ROLL = 10                # W: trailing window of the rolling means
 EARLY = 10               # steps 0 .. EARLY-1: a run's own early range

@@ -17,7 +17,8 @@ from drmas.algos.catalog import DRMAS, GRPO
 
 from analysis.events import PERSIST, collapse_event, declared_agents, finished, longest_streak, reward_flag, steps_of
 from analysis.frontier_design import Frontier, frontier
-from analysis.runs import GridData, run_manifest
+from analysis.run_records import run_manifest
+from analysis.runs import GridData
 from analysis.stats import ALPHA, holm, lognormal_aft
 from analysis.twins import task_curves, twin_pairs
 

@@ -42,7 +42,7 @@ def _last_line(exc: Exception) -> str:
 def settings_problems(run_dir: Path, entry: dict[str, Any], manifest: dict[str, Any], cell: dict[str, Any]) -> list[str]:
     """Where the settings of the run in ``run_dir`` (its ``manifest``'s ``config``) disagree with its ``config.yaml``,
     with the index ``entry``'s cell tags (:data:`CELL_TAGS`; ``cell``: those tags as its settings give them,
-    :func:`analysis.runs.tags_from_manifest`) or with the settings ``entry`` lists it under (its ``config``,
+    :func:`analysis.run_records.tags_from_manifest`) or with the settings ``entry`` lists it under (its ``config``,
     ``overrides`` and ``seed``): one line each, the keys as ``key (the run's value -> the other's)``. Checked for run
     folders ``drmas train`` wrote (they hold ``config.yaml``, and its manifest records a ``config_hash``); every key
     of the identity counts, ``train.steps`` included (a finished run is a result of the steps it made)."""

@@ -24,7 +24,8 @@ from analysis.class_aware import RULE as CLASS_RULE
 from analysis.class_aware import claim_lemma_classes, class_points
 from analysis.formatting import fmt_ci, fmt_gain, fmt_pts, fmt_ratio, write_table
 from analysis.mechanism import FACTOR_REGIME, MIN_POINTS, claim_lemma
-from analysis.runs import GridData, run_settings
+from analysis.run_records import run_settings
+from analysis.runs import GridData
 from analysis.views import describe_scale, final_evals
 from analysis.stats import N_BOOT, kendall_tau
 from analysis.tables import (ABLATION, ABLATION_ONLY, DATA, HEADLINE_POINTS, PAIRS, PAPER_ABLATION_ORDER,

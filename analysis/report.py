@@ -29,7 +29,8 @@ from analysis import confirm, frontier, main_grid, stability, sweep
 from analysis.claims import Claim, Inputs, Study
 from analysis.cli import missing_paths, parse_dataclass_args
 from analysis.integrity import data_problems_section
-from analysis.runs import GridData, GridLoadError, load_grid
+from analysis.run_records import GridLoadError
+from analysis.runs import GridData, load_grid
 from analysis.stats import N_BOOT
 from analysis.tables import PRICES_YAML
 from analysis.views import describe_scale
@@ -214,7 +215,8 @@ def make_report(runs: Path, out: Path = Path("results"), figures_dir: Path = Pat
 def load_inputs(runs: Path, seed: int, n_boot: int, studies: Sequence[Study] = STUDIES,
                 **grids: Any) -> tuple[Inputs, list[tuple[str, list[Path]]]]:
     """The report's :class:`analysis.claims.Inputs` and, per option, the given folders whose grids were read. A given
-    folder that does not exist is refused (:class:`analysis.runs.GridLoadError`, one line) before anything is read."""
+    folder that does not exist is refused (:class:`analysis.run_records.GridLoadError`, one line) before anything is
+    read."""
     options = [s for s in studies if s.option is not None]
     unknown = sorted(set(grids) - {s.option.flag for s in options})
     if unknown:

@@ -34,7 +34,8 @@ from analysis.events import finished, grid_status
 from analysis.formatting import markdown
 from analysis.integrity import problem_lines
 from analysis.plotting import save
-from analysis.runs import GridData, GridLoadError, load_grid
+from analysis.run_records import GridLoadError
+from analysis.runs import GridData, load_grid
 from analysis.stability_rules import (POWER_EFFECT, POWER_NEEDED, collapse_counts, finished_runs, first_movers,
                                       fisher_power, frontier, pilot_summary, run_table, spike_verdict, twin_spikes,
                                       zero_reward_signal)

@@ -27,7 +27,8 @@ from drmas.algos.catalog import DRMAS, GRPO
 
 from analysis.claims import NOT_RUN
 from analysis.formatting import fmt_ci, fmt_gain, fmt_pct
-from analysis.runs import GridData, setting_of
+from analysis.run_records import setting_of
+from analysis.runs import GridData
 from analysis.views import benchmarks_of
 from analysis.stats import (N_BOOT, Interval, average_interval, bootstrap_ci, grad_norm_summary, paired_test,
                             task_scores)

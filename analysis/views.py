@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.runs import TAGS, GridData
+from analysis.run_records import TAGS
+from analysis.runs import GridData
 
 
 def final_evals(data: GridData, usable_only: bool = True) -> pd.DataFrame:

@@ -33,8 +33,8 @@ import torch
 assert torch.cuda.is_available(), "no CUDA device visible"
 EOF
 
-echo "== OpenRLHF API check (drmas/workers/openrlhf/seam.py)"
-"$PY" -c "from drmas.workers.openrlhf.seam import require_openrlhf_api as r; r(strict_version=False); print('  seam matches')"
+echo "== OpenRLHF API check (drmas/workers/openrlhf/api.py)"
+"$PY" -c "from drmas.workers.openrlhf.api import require_openrlhf_api as r; r(strict_version=False); print('  contract holds')"
 
 # The CPU math config with the GPU path switched on; the models get their own paths so that the CPU grid's
 # SFT checkpoints are never touched.

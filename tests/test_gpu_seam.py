@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 import torch
 
+from drmas.config import AlgoConfig, ModelConfig, OptimConfig
+from drmas.config.schema import ResourcesConfig, RolloutEngineConfig
 from drmas.rollout import ENGINES, SamplingParams
 from drmas.rollout.vllm_engine import (
     VLLMRolloutEngine,
@@ -27,7 +29,7 @@ from drmas.rollout.vllm_engine import (
     vllm_sampling_kwargs,
 )
 from drmas.workers.openrlhf import backend as backend_mod
-from drmas.workers.openrlhf import seam
+from drmas.workers.openrlhf import api, seam
 from drmas.workers.base import UpdateBatch, WorkerSpec
 
 HAS_OPENRLHF = importlib.util.find_spec("openrlhf") is not None
@@ -72,15 +74,12 @@ class FakeClient:
         self.loaded.append(state_dict)
 
 
-def _settings(key="m", num_gpus=2, micro=2, mini=1, **kw):
-    base = dict(key=key, path="org/model", seed=0, num_gpus=num_gpus, tensor_parallel_size=1, zero_stage=2,
-                gradient_checkpointing=False, adam_offload=False, checkpoint_dir="ckpt", micro_batch_size=micro,
-                mini_batches=mini, lr=1e-6, betas=(0.9, 0.999), weight_decay=0.0, max_grad_norm=1.0, warmup_steps=0,
-                clip_low=0.2, clip_high=0.28, aggregation="token_mean", entropy_coef=0.0, gpu_memory_utilization=None,
-                max_model_len=None, enable_sleep=True, enforce_eager=False, enable_prefix_caching=False,
-                max_prompt_tokens=None, truncation="left", chat_template=False)
-    base.update(kw)
-    return seam.GroupSettings(**base)
+def _spec(key="m", num_gpus=2, micro=2, mini=1, path="org/model", lr=1e-6, warmup_steps=0, **algo):
+    """A worker group of the openrlhf backend as a config gives it (vLLM engines, one GPU per training rank)."""
+    model = ModelConfig(preset=None, path=path, rollout=RolloutEngineConfig(engine="vllm"),
+                        resources=ResourcesConfig(num_gpus=num_gpus, checkpoint_dir="ckpt"))
+    optim = OptimConfig(lr=lr, warmup_steps=warmup_steps, micro_batch_size=micro, mini_batches=mini)
+    return WorkerSpec(key, model, optim, AlgoConfig(**algo), seed=0)
 
 
 # ================================================================================= vLLM engine (CPU)
@@ -89,7 +88,7 @@ def test_vllm_engine_is_registered_and_vllm_is_imported_lazily():
     where they are installed; the seam reads OpenRLHF's source without importing it."""
     assert "vllm" in ENGINES
     if HAS_OPENRLHF:
-        seam.check_openrlhf_api(strict_version=False)
+        api.check_openrlhf_api(strict_version=False)
     for name in ("vllm", "openrlhf", "deepspeed"):
         assert name not in sys.modules, f"{name} was imported on the CPU path"
     if not HAS_VLLM:
@@ -168,7 +167,7 @@ def test_engine_stops_at_the_generation_config_eos_ids(tmp_path, tokenizer):
     save_tokenizer(tokenizer, tmp_path)
     GenerationConfig(eos_token_id=[other, eos]).save_pretrained(tmp_path)
     client = FakeClient([5, other])
-    engine = backend_mod.group_engine(client, _settings(path=str(tmp_path)))
+    engine = backend_mod.group_engine(client, _spec(path=str(tmp_path)))
     assert engine.stop_ids == sorted({eos, other})
     assert engine.generate(["search"], SamplingParams(max_new_tokens=4)).response_ids == [[5]]
     assert engine.generate(["search"], SamplingParams(max_new_tokens=4), keep_stop_token=True).response_ids == [
@@ -460,29 +459,42 @@ def test_placement_errors(groups, pool, message):
 
 # ================================================================================= seam: arguments
 def test_openrlhf_overrides():
-    s = _settings(num_gpus=4, micro=2, mini=5, warmup_steps=3, entropy_coef=0.001, lr=2e-6)
+    s = _spec(num_gpus=4, micro=2, mini=5, warmup_steps=3, entropy_coef=0.001, lr=2e-6)
     o = seam.openrlhf_overrides(s, 0.3)
+    assert o["vllm.enable_sleep"] is o["ds.enable_sleep"] is True
+    quiet = seam.openrlhf_overrides(backend_mod._without_sleep_mode(s), 0.3)  # CPU mode's copy of the spec
+    assert quiet["vllm.enable_sleep"] is quiet["ds.enable_sleep"] is False and s.model.rollout.enable_sleep
+    assert {k: v for k, v in quiet.items() if "enable_sleep" not in k} == {
+        k: v for k, v in o.items() if "enable_sleep" not in k}
     assert o["train.batch_size"] == 8 and o["train.micro_batch_size"] == 2  # gas 1: drmas sets the boundary
     assert o["vllm.num_engines"] == 4 and o["vllm.gpu_memory_utilization"] == 0.3
     assert o["actor.adam.lr"] == 2e-6 and o["actor.eps_clip_low_high"] == (0.2, 0.28)
     assert o["actor.lr_scheduler"] == "constant_with_warmup" and o["actor.lr_warmup_ratio"] == 1.0
     assert seam.scheduler_steps(s) == 15  # 3 RL steps x 5 optimizer steps: ceil(15 * 1.0) warm-up steps
     assert o["actor.entropy_coef"] == 0.001 and o["train.colocate_all"] and o["algo.kl.init_coef"] == 0.0
-    plain = seam.openrlhf_overrides(_settings(), 0.5)
+    plain = seam.openrlhf_overrides(_spec(), 0.5)
     assert plain["actor.lr_scheduler"] == "constant" and plain["actor.entropy_coef"] is None
-    assert seam.scheduler_steps(_settings()) == 1
+    assert seam.scheduler_steps(_spec()) == 1
     with pytest.raises(ValueError, match="aggregation"):
-        seam.openrlhf_overrides(_settings(aggregation="seq_mean_token_sum"), 0.5)
+        seam.openrlhf_overrides(_spec(aggregation="seq_mean_token_sum"), 0.5)
+
+
+def test_the_api_check_covers_every_option_drmas_sets():
+    """What :func:`api.check_openrlhf_api` checks against OpenRLHF's CLI: the options of any worker group."""
+    options = api.drmas_cli_options()
+    assert "actor.adam.lr" in options and "actor.eps_clip_low_high" in options
+    for spec in (_spec(), _spec(num_gpus=4, micro=2, mini=5, warmup_steps=3, entropy_coef=0.001, lr=2e-6)):
+        assert set(seam.openrlhf_overrides(spec, 0.3)) == options
 
 
 def test_build_args_nests_and_rejects_unknown_options():
-    args = seam.build_args({"actor.adam.lr": 2e-6}, {"actor.adam.lr": 1e-6, "actor.adam.eps": 1e-8, "local_rank": -1})
+    args = api.build_args({"actor.adam.lr": 2e-6}, {"actor.adam.lr": 1e-6, "actor.adam.eps": 1e-8, "local_rank": -1})
     assert args.actor.adam.lr == 2e-6 and args.actor.adam.eps == 1e-8 and args.local_rank == -1
     with pytest.raises(RuntimeError, match="API drift"):
-        seam.build_args({"actor.no_such": 1}, {"actor.adam.lr": 1e-6})
+        api.build_args({"actor.no_such": 1}, {"actor.adam.lr": 1e-6})
 
 
-def test_group_settings_need_a_checkpoint_and_consistent_config():
+def test_worker_groups_need_a_checkpoint_and_consistent_config():
     from drmas.config import ConfigError, load_config
 
     base = ["train.backend=openrlhf", "models.shared.preset=null", "models.shared.path=org/m",
@@ -492,7 +504,11 @@ def test_group_settings_need_a_checkpoint_and_consistent_config():
     assert cfg.models["shared"].resources.checkpoint_dir.endswith("run/checkpoints/deepspeed")
     hf = load_config(None, base + ["models.shared.rollout.engine=hf"])  # the driver's engine (CPU mode)
     spec = WorkerSpec("shared", hf.models["shared"], hf.effective_optim("shared"), hf.algo, seed=0)
-    assert seam.group_settings(spec).engine == "hf"
+    assert seam.check_spec(spec) is spec
+    with pytest.raises(ValueError, match=r"models.shared.path: the openrlhf backend loads a checkpoint"):
+        seam.check_spec(WorkerSpec("shared", ModelConfig(), spec.optim, spec.algo, seed=0))
+    with pytest.raises(ValueError, match=r"models.shared.resources.checkpoint_dir is unset"):
+        seam.check_spec(WorkerSpec("shared", ModelConfig(path="org/m"), spec.optim, spec.algo, seed=0))
     for extra, message in [
         (["algo.kl_coef=0.01"], "no reference model"),
         (["models.shared.resources.num_gpus=4", "models.shared.rollout.tensor_parallel_size=3"], "does not divide"),
@@ -551,12 +567,12 @@ def test_backend_pushes_weights_once_per_step_and_time_shares(monkeypatch, token
     eos = tokenizer.eos_token_id
     log: list = []
     b = backend_mod.OpenRLHFBackend.__new__(backend_mod.OpenRLHFBackend)
-    b.settings = {"solver_model": _settings("solver_model"), "verifier_model": _settings("verifier_model")}
+    b.specs = {"solver_model": _spec("solver_model"), "verifier_model": _spec("verifier_model")}
     b.clients = {k: backend_mod.RayEnginesClient([_EngineHandle(log, [7, eos]), _EngineHandle(log, [8, eos])],
-                                                 enable_sleep=True, state="asleep") for k in b.settings}
+                                                 enable_sleep=True, state="asleep") for k in b.specs}
     b.engines = {k: VLLMRolloutEngine(c, tokenizer) for k, c in b.clients.items()}
-    b.groups = {k: _Group(log, k) for k in b.settings}
-    b.pad_ids = {k: 0 for k in b.settings}
+    b.groups = {k: _Group(log, k) for k in b.specs}
+    b.pad_ids = {k: 0 for k in b.specs}
     b._control_tokens = {}
 
     gens = b.generators()
@@ -576,7 +592,7 @@ def test_backend_pushes_weights_once_per_step_and_time_shares(monkeypatch, token
     metrics = b.update({"solver_model": batch(5, "solver"), "verifier_model": batch(3, "verifier")}, step_seed=11)
     names = [name for name, *_ in log]
     assert names.count("engine.sleep") == 4  # every engine frees its KV cache before training
-    for key in b.settings:
+    for key in b.specs:
         mine = [n for n in names if n.startswith(key)]
         assert mine == [f"{key}.reload_states", f"{key}.drmas_fit", f"{key}.broadcast_to_vllm",
                         f"{key}.offload_states"]  # one weight push per step
@@ -703,14 +719,14 @@ def test_cpu_mode_only_where_openrlhf_runs_without_cuda():
 # =================================================================================== API contract
 @needs_openrlhf
 def test_openrlhf_api_matches_the_pinned_version():
-    problems = seam.check_openrlhf_api(strict_version=True)
+    problems = api.check_openrlhf_api(strict_version=True)
     assert problems == [], "OpenRLHF API drift:\n" + "\n".join(problems)
 
 
 @needs_openrlhf
 def test_openrlhf_cli_defaults_cover_every_option_drmas_sets():
-    defaults = seam.cli_defaults()
-    args = seam.build_args(seam.openrlhf_overrides(_settings(), 0.5), defaults)
+    defaults = api.cli_defaults()
+    args = api.build_args(seam.openrlhf_overrides(_spec(), 0.5), defaults)
     assert args.train.colocate_all is True and args.vllm.sync_backend == "nccl" and args.ds.zero_stage == 2
     assert args.actor.eps_clip_low_high == (0.2, 0.28) and args.local_rank == -1
 
@@ -718,14 +734,14 @@ def test_openrlhf_cli_defaults_cover_every_option_drmas_sets():
 @needs_openrlhf
 def test_api_check_fails_loudly_on_drift(tmp_path):
     root = tmp_path / "openrlhf"
-    shutil.copytree(seam.openrlhf_root(), root, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(api.openrlhf_root(), root, ignore=shutil.ignore_patterns("__pycache__"))
     exp = root / "trainer" / "ppo_utils" / "experience.py"
     exp.write_text(exp.read_text().replace("    advantages: torch.Tensor", "    advantage_values: torch.Tensor"))
     act = root / "trainer" / "ray" / "ppo_actor.py"
     act.write_text(act.read_text().replace("loss_batch_info: Optional[Dict] = None", "batch_info=None"))
     cli = root / "cli" / "train_ppo_ray.py"
     cli.write_text(cli.read_text().replace('"--train.colocate_all"', '"--train.colocate_everything"'))
-    problems = "\n".join(seam.check_openrlhf_api(root, strict_version=False))
+    problems = "\n".join(api.check_openrlhf_api(root, strict_version=False))
     assert "lacks fields ['advantages']" in problems
     assert "training_step() lacks parameters ['loss_batch_info']" in problems
     assert "train.colocate_all" in problems

@@ -141,7 +141,8 @@ def test_the_analysis_refuses_a_garbled_line_instead_of_changing_the_tables(tmp_
     """A garbled line in the middle of a finished run's metrics.jsonl or eval.jsonl: the loader and the report
     refuse, naming the file and line (dropping it with a warning would print other numbers)."""
     from analysis.report import make_report
-    from analysis.runs import GridLoadError, load_grid
+    from analysis.run_records import GridLoadError
+    from analysis.runs import load_grid
 
     grid = make_grid(tmp_path / "grid", tasks=("math",), seeds=(0, 1), extras=False)
     target = grid / "math_sharing_drmas_s0" / file

@@ -152,14 +152,15 @@ def test_math_dataset_takes_the_math_args(load):
 
 def test_worker_group_settings_from_a_paper_config(load):
     """What the openrlhf backend would build for each worker group (no GPU needed to derive it)."""
-    from drmas.workers.openrlhf.seam import group_settings, openrlhf_overrides
+    from drmas.workers.openrlhf.seam import check_spec, num_engines, openrlhf_overrides
     from drmas.workers.base import WorkerSpec
 
     cfg = load("math_qwen3-4b_nonsharing.yaml")
     for i, (key, m) in enumerate(cfg.models.items()):
-        s = group_settings(WorkerSpec(key, m, cfg.effective_optim(key), cfg.algo, seed=i))
-        assert (s.num_gpus, s.tensor_parallel_size, s.num_engines, s.zero_stage) == (8, 1, 8, 3)
-        o = openrlhf_overrides(s, 0.4)
+        spec = check_spec(WorkerSpec(key, m, cfg.effective_optim(key), cfg.algo, seed=i))
+        assert (m.resources.num_gpus, m.rollout.tensor_parallel_size, num_engines(spec), m.resources.zero_stage) == (
+            8, 1, 8, 3)
+        o = openrlhf_overrides(spec, 0.4)
         assert o["actor.adam.lr"] == 1e-6 and o["train.micro_batch_size"] == 2 and o["train.batch_size"] == 16
         assert o["actor.model_name_or_path"] == "Qwen/Qwen3-4B"
         assert o["ckpt.path"].endswith(f"math_qwen3-4b_nonsharing/checkpoints/deepspeed/{key}")

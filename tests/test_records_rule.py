@@ -17,7 +17,9 @@ import pytest
 
 from analysis import confirm
 from analysis import stability as S
-from analysis.runs import GridLoadError, load_grid, records_rule
+from analysis.run_records import GridLoadError
+from analysis.runs import load_grid
+from drmas.records import records_rule
 from stability_fixture import make_stability_grid
 from test_analysis import _write_run, make_grid
 from test_confirm import make_grid as make_confirm_grid

@@ -490,7 +490,8 @@ def _edit_line(path: Path, line_no: int, **changes) -> None:
 
 def _refusal(grid: Path, tmp_path: Path) -> str:
     from analysis.report import make_report
-    from analysis.runs import GridLoadError, load_grid
+    from analysis.run_records import GridLoadError
+    from analysis.runs import load_grid
 
     with pytest.raises(GridLoadError) as got:
         load_grid(grid)

@@ -1,6 +1,7 @@
 """The studies of analysis/ stand side by side (docs/analysis.md, "Studies"): each is one module exporting one
-``STUDY``, none imports another study, the report assembles exactly their list, and a new study is one module and one
-entry in that list (its command-line flag, claims and grids follow from the entry)."""
+``STUDY`` (with its own rules module, ``<study>_rules.py``, where it has one), none imports another study's modules,
+the report assembles exactly their list, and a new study is one module and one entry in that list (its command-line
+flag, claims and grids follow from the entry)."""
 from __future__ import annotations
 
 import ast
@@ -31,23 +32,47 @@ def study_modules() -> dict[str, str]:
             if "\nSTUDY = Study(" in p.read_text()}
 
 
+RULES_SUFFIX = "_rules"
+"""A study's own rules module is named after it: ``analysis/<study>_rules.py`` (docs/analysis.md, "Studies")."""
+
+
+def owned_modules(studies: dict[str, str]) -> dict[str, str]:
+    """Module name -> source of every study module and of each study's own rules module, where it has one."""
+    rules = {f"{m}{RULES_SUFFIX}": ANALYSIS / f"{m.rpartition('.')[2]}{RULES_SUFFIX}.py" for m in studies}
+    return {**studies, **{m: path.read_text() for m, path in rules.items() if path.exists()}}
+
+
 def studies_importing_studies(modules: dict[str, str]) -> list[str]:
-    return [f"{m} imports {t}" for m, src in modules.items() for t in sorted(analysis_imports(src) & set(modules) - {m})]
+    """``m imports t`` for each module of one study (its own module or its rules module) that imports a module of
+    another study."""
+    def study(module: str) -> str:
+        return module.removesuffix(RULES_SUFFIX)
+
+    return [f"{m} imports {t}" for m, src in modules.items()
+            for t in sorted(analysis_imports(src) & set(modules)) if study(t) != study(m)]
 
 
 def test_no_study_imports_another_study():
-    modules = study_modules()
-    assert {"analysis.main_grid", "analysis.sweep", "analysis.stability", "analysis.confirm"} <= set(modules)
+    modules = owned_modules(study_modules())
+    assert {"analysis.main_grid", "analysis.sweep", "analysis.stability", "analysis.confirm",
+            "analysis.stability_rules", "analysis.confirm_rules"} <= set(modules)
     assert studies_importing_studies(modules) == []
 
 
 def test_the_check_finds_a_study_that_imports_another():
-    """The check above can fail: a study that reads another study's names (either import form) is named."""
-    modules = study_modules()
-    planted = dict(modules, **{"analysis.confirm": modules["analysis.confirm"] + "\nfrom analysis.stability import TASKS\n",
-                               "analysis.sweep": modules["analysis.sweep"] + "\nfrom analysis import main_grid\n"})
+    """The check above can fail: a study, or its rules module, that reads another study's names (either import form,
+    from the study's own module or from its rules module) is named; a study reading its own rules is not."""
+    modules = owned_modules(study_modules())
+    planted = dict(modules, **{
+        "analysis.confirm": modules["analysis.confirm"] + "\nfrom analysis.stability import TASKS\n",
+        "analysis.sweep": modules["analysis.sweep"] + "\nfrom analysis import main_grid\n",
+        "analysis.confirm_rules": (modules["analysis.confirm_rules"]
+                                   + "\nfrom analysis.stability_rules import TWIN_RATIO\n"),
+        "analysis.main_grid": modules["analysis.main_grid"] + "\nfrom analysis import stability_rules\n"})
     assert studies_importing_studies(planted) == ["analysis.confirm imports analysis.stability",
-                                                  "analysis.sweep imports analysis.main_grid"]
+                                                  "analysis.main_grid imports analysis.stability_rules",
+                                                  "analysis.sweep imports analysis.main_grid",
+                                                  "analysis.confirm_rules imports analysis.stability_rules"]
 
 
 def test_the_report_assembles_exactly_the_studies():

@@ -33,7 +33,7 @@ from drmas.models.factory import TinyModelConfig, build_policy, save_policy
 from drmas.models.tokenizer import train_bytelevel_bpe
 from drmas.workers import policy as policy_mod
 from drmas.workers.openrlhf import backend as backend_mod
-from drmas.workers.openrlhf import cpu_compat, seam
+from drmas.workers.openrlhf import api, cpu_compat, seam
 from drmas.workers.base import UpdateBatch, WorkerSpec
 from drmas.workers.policy import PolicyWorker
 
@@ -110,12 +110,12 @@ def local_steps(spec: WorkerSpec, batch: UpdateBatch, step_seed: int, monkeypatc
 
 def openrlhf_rank(spec: WorkerSpec):
     """OpenRLHF's own PolicyModelActor with drmas's methods, as one DeepSpeed rank in this process, built as
-    the backend builds it (seam.build_args with CPU mode's settings, OpenRLHF's init_model_from_pretrained)."""
-    plain = seam.openrlhf_attr("PolicyModelActor").__ray_metadata__.modified_class.__ray_actor_class__
+    the backend builds it (api.build_args with CPU mode's options, OpenRLHF's init_model_from_pretrained)."""
+    plain = api.openrlhf_attr("PolicyModelActor").__ray_metadata__.modified_class.__ray_actor_class__
     rank = type("InProcessPolicyActor", (backend_mod.DrmasActorMixin, plain), {})(1, 0, "127.0.0.1", None)
-    s = seam.group_settings(spec)
-    args = seam.build_args({**seam.openrlhf_overrides(s, 0.5), **cpu_compat.cpu_overrides()}, seam.cli_defaults())
-    rank.init_model_from_pretrained(seam.openrlhf_attr("get_strategy")(args), s.path, seam.scheduler_steps(s), None)
+    args = api.build_args({**seam.openrlhf_overrides(spec, 0.5), **cpu_compat.cpu_overrides()}, api.cli_defaults())
+    rank.init_model_from_pretrained(api.openrlhf_attr("get_strategy")(args), spec.model.path,
+                                    seam.scheduler_steps(spec), None)
     return rank
 
 
@@ -125,7 +125,6 @@ def openrlhf_steps(spec: WorkerSpec, batch: UpdateBatch, step_seed: int, pad_id:
     per optimizer step (DeepSpeed's accumulation boundary) its loss, pre-clip norm and weights after it, and
     the per-agent behaviour statistics (control tokens at ``positions``)."""
     rank = openrlhf_rank(spec)
-    s = seam.group_settings(spec)
     engine = rank.actor.model
     before = {k: v.to(torch.float64) for k, v in rank.drmas_state_dict().items()}
     after: list[dict[str, torch.Tensor]] = []
@@ -140,7 +139,7 @@ def openrlhf_steps(spec: WorkerSpec, batch: UpdateBatch, step_seed: int, pad_id:
 
     engine.step = recorded_step
     lengths = [len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids)]
-    plan = seam.plan_minibatches(lengths, s.mini_batches, 1, s.micro_batch_size, step_seed)
+    plan = seam.plan_minibatches(lengths, spec.optim.mini_batches, 1, spec.optim.micro_batch_size, step_seed)
     payload = seam.rank_payloads(batch.prompt_ids, batch.response_ids, batch.advantages, plan, pad_id, 1)[0]
     fitted = rank.drmas_fit(payload, TEMPERATURE)
     assert fitted.weights_finite

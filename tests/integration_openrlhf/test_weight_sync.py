@@ -23,7 +23,7 @@ from drmas.models.factory import build_policy, model_preset, save_policy
 from drmas.models.tokenizer import train_bytelevel_bpe
 from drmas.workers.base import WorkerSpec
 from drmas.workers.openrlhf import backend as backend_mod
-from drmas.workers.openrlhf import seam, sync_check
+from drmas.workers.openrlhf import api, seam, sync_check
 
 # the module's engines start inside the first test's timeout: 1-4 min each on 2 idle cores, 6 min on loaded ones
 pytestmark = [pytest.mark.openrlhf, pytest.mark.timeout(1500)]
@@ -64,8 +64,8 @@ def rig(ray_session, checkpoints, tmp_path_factory):
     start = time.perf_counter()
     engines = {}
     for name, path in checkpoints.items():
-        s = seam.group_settings(spec(name, path, ckpt_dir, 2))
-        engines[name] = backend_mod.launch_engines(pg, seam.GroupPlacement(name, (0,), ((0,),)), s, GPU_SHARE, 0.1)
+        engines[name] = backend_mod.launch_engines(pg, seam.GroupPlacement(name, (0,), ((0,),)),
+                                                   spec(name, path, ckpt_dir, 2), GPU_SHARE, 0.1)
     clients = {name: backend_mod.RayEnginesClient(e, enable_sleep=False, key=name) for name, e in engines.items()}
     for name, client in clients.items():  # the engines are up, and hold the checkpoints (no push yet)
         ref = sync_check.Reference(checkpoints[name])
@@ -74,7 +74,7 @@ def rig(ray_session, checkpoints, tmp_path_factory):
     print(f"[sync] 2 vLLM engines up in {time.perf_counter() - start:.0f} s")
     groups: dict = {}
     rig = {"pg": pg, "clients": clients, "groups": groups, "owner": {}, "checkpoints": checkpoints,
-           "ckpt_dir": ckpt_dir, "defaults": seam.cli_defaults()}
+           "ckpt_dir": ckpt_dir, "defaults": api.cli_defaults()}
     yield rig
     for g in groups.values():
         for actor in g["group"]._actor_handlers:
@@ -93,11 +93,12 @@ def actor_group(rig, name: str, zero: int) -> dict:
         run(rig["groups"][key]["group"], "drmas_reconnect_vllm")
         rig["owner"][name] = key
     if key not in rig["groups"]:
-        s = seam.group_settings(spec(name, rig["checkpoints"][name], rig["ckpt_dir"], zero))
+        group_spec = spec(name, rig["checkpoints"][name], rig["ckpt_dir"], zero)
         start = time.perf_counter()
-        group = backend_mod.launch_group(rig["pg"], s, GPU_SHARE, 0.1, rig["defaults"], rig["clients"][name].engines)
+        group = backend_mod.launch_group(rig["pg"], group_spec, GPU_SHARE, 0.1, rig["defaults"],
+                                         rig["clients"][name].engines)
         print(f"[sync] actor group {name} ZeRO-{zero} up in {time.perf_counter() - start:.0f} s")
-        entry = {"group": group, "settings": s, "ref": sync_check.Reference(rig["checkpoints"][name]), "step": 0}
+        entry = {"group": group, "spec": group_spec, "ref": sync_check.Reference(rig["checkpoints"][name]), "step": 0}
         rig["groups"][key] = entry
         rig["owner"][name] = key
         push(rig, entry)

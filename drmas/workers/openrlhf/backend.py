@@ -1,7 +1,8 @@
 """The ``openrlhf`` backend: each worker group an OpenRLHF actor group (DeepSpeed ZeRO, its own optimizer)
 with its own vLLM engine replicas, all in one Ray placement group (the paper's shared resource pool:
 several models time-sharing the same GPUs). Everything OpenRLHF-specific it uses comes from
-:mod:`drmas.workers.openrlhf.seam` (the pinned API contract and the pure conversion).
+:mod:`drmas.workers.openrlhf.api` (the pinned API contract) and :mod:`drmas.workers.openrlhf.seam` (the pure
+conversion, placement and options).
 
 Rollout engines (``models.<m>.rollout.engine``): ``vllm`` = OpenRLHF's vLLM Ray actors, refreshed by OpenRLHF's
 ``broadcast_to_vllm`` (CUDA IPC on a GPU; a stateless gloo group and drmas's worker extension in CPU mode);
@@ -52,7 +53,7 @@ from drmas.checkpoints import CheckpointDamaged, refused_pickle
 from drmas.config import ConfigError
 from drmas.rollout.base import Generation, SamplingParams, make_engine
 from drmas.rollout.vllm_engine import VLLMRolloutEngine, generation_config_eos
-from drmas.workers.openrlhf import cpu_compat, seam, sync_check
+from drmas.workers.openrlhf import api, cpu_compat, seam, sync_check
 from drmas.workers.base import ray_get
 from drmas.workers.base import UpdateBatch, WorkerSpec
 
@@ -71,7 +72,7 @@ class DrmasActorMixin:
     engine), ``self.trainer`` (``ActorPPOTrainer``), ``self.strategy``, ``self.tokenizer``."""
 
     def _experience(self, fields: dict[str, Any]) -> Any:
-        return seam.openrlhf_attr("Experience")(**fields, info={})
+        return api.openrlhf_attr("Experience")(**fields, info={})
 
     def _all_reduce_sum(self, values: Sequence[float]) -> list[float]:
         import torch
@@ -317,6 +318,12 @@ def _rank_device() -> Any:
     return torch.device(get_accelerator().current_device_name())
 
 
+def _without_sleep_mode(spec: WorkerSpec) -> WorkerSpec:
+    """``spec`` with ``rollout.enable_sleep`` false (CPU mode: no GPU memory to free between rollout and update)."""
+    rollout = spec.model.rollout.model_copy(update={"enable_sleep": False})
+    return dataclasses.replace(spec, model=spec.model.model_copy(update={"rollout": rollout}))
+
+
 def extend_actor_class(remote_cls: Any, mixin: type, name: str) -> Any:
     """``ray.remote(mixin + the class behind remote_cls)``: Ray forbids subclassing an actor class, so the
     plain class behind ``@ray.remote`` is extended (tested with a dummy actor class)."""
@@ -332,7 +339,7 @@ def extend_actor_class(remote_cls: Any, mixin: type, name: str) -> Any:
 
 def policy_actor_class() -> Any:
     """OpenRLHF's ``PolicyModelActor`` with drmas's methods (:class:`DrmasActorMixin`), as a Ray actor class."""
-    return extend_actor_class(seam.openrlhf_attr("PolicyModelActor"), DrmasActorMixin, "DrmasPolicyActor")
+    return extend_actor_class(api.openrlhf_attr("PolicyModelActor"), DrmasActorMixin, "DrmasPolicyActor")
 
 
 class DrmasRolloutMixin:
@@ -346,7 +353,7 @@ class DrmasRolloutMixin:
 
 def rollout_actor_class() -> Any:
     """The vLLM Ray actor class: OpenRLHF's ``RolloutRayActor``; in CPU mode with :class:`DrmasRolloutMixin`."""
-    actor_cls = seam.openrlhf_attr("RolloutRayActor")
+    actor_cls = api.openrlhf_attr("RolloutRayActor")
     return extend_actor_class(actor_cls, DrmasRolloutMixin, "DrmasRolloutActor") if CPU_MODE else actor_cls
 
 
@@ -394,26 +401,27 @@ class RayEnginesClient:
         self.refreshes += 1
 
 
-def launch_engines(pg: Any, placement: seam.GroupPlacement, s: seam.GroupSettings, gpu_fraction: float,
-                   gpu_memory_utilization: float, trust_remote_code: bool = False) -> list[Any]:
+def launch_engines(pg: Any, placement: seam.GroupPlacement, spec: WorkerSpec, gpu_fraction: float,
+                   gpu_memory_utilization: float) -> list[Any]:
     """OpenRLHF ``RolloutRayActor`` replicas of one worker group on its planned bundles (the arguments of
     OpenRLHF's own ``create_vllm_engines``, with drmas's GPU share so that more than two models fit)."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     actor_cls = rollout_actor_class()
-    tp = s.tensor_parallel_size
+    rollout = spec.model.rollout
+    tp = rollout.tensor_parallel_size
     engines = []
     for e, bundles in enumerate(placement.engine_bundles):
-        kwargs = dict(model=s.path, enforce_eager=s.enforce_eager,
-                      worker_extension_cls="openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap",
-                      tensor_parallel_size=tp, seed=s.seed + e, distributed_executor_backend="uni" if tp == 1 else "ray",
-                      max_model_len=s.max_model_len, enable_prefix_caching=s.enable_prefix_caching, dtype="bfloat16",
-                      trust_remote_code=trust_remote_code, full_determinism=False, gpu_memory_utilization=gpu_memory_utilization,
-                      bundle_indices=list(bundles) if tp > 1 else None, num_gpus=gpu_fraction,
-                      enable_sleep_mode=s.enable_sleep)
+        kwargs = dict(model=spec.model.path, enforce_eager=rollout.enforce_eager,
+                      worker_extension_cls="openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap", tensor_parallel_size=tp,
+                      seed=spec.seed + e, distributed_executor_backend="uni" if tp == 1 else "ray",
+                      max_model_len=rollout.max_model_len, enable_prefix_caching=rollout.enable_prefix_caching,
+                      dtype="bfloat16", trust_remote_code=spec.model.trust_remote_code, full_determinism=False,
+                      gpu_memory_utilization=gpu_memory_utilization, bundle_indices=list(bundles) if tp > 1 else None,
+                      num_gpus=gpu_fraction, enable_sleep_mode=rollout.enable_sleep)
         if CPU_MODE:  # the actor's dtype (fp32), eager, drmas's CPU weight-sync extension (cpu_compat measure 14)
             kwargs.update(cpu_compat.engine_overrides(cpu_compat.cpu_overrides()["ds.param_dtype"]))
-        assert set(kwargs) == set(seam.ROLLOUT_ACTOR_KWARGS), "keep ROLLOUT_ACTOR_KWARGS in sync"
+        assert set(kwargs) == set(api.ROLLOUT_ACTOR_KWARGS), "keep ROLLOUT_ACTOR_KWARGS in sync"
         own_gpu = gpu_fraction if tp == 1 else 0  # with tp > 1 vLLM's own Ray workers take the GPU shares
         options = {"runtime_env": {"env_vars": cpu_compat.engine_env()}} if CPU_MODE else {}
         engines.append(actor_cls.options(
@@ -424,28 +432,31 @@ def launch_engines(pg: Any, placement: seam.GroupPlacement, s: seam.GroupSetting
     return engines
 
 
-def launch_group(pg: Any, s: seam.GroupSettings, gpu_fraction: float, gpu_memory_utilization: float,
+def launch_group(pg: Any, spec: WorkerSpec, gpu_fraction: float, gpu_memory_utilization: float,
                  defaults: dict[str, Any], vllm_engines: list[Any] | None) -> Any:
-    """Worker group ``s``'s OpenRLHF ``RayActorGroup`` (DeepSpeed ranks with drmas's methods) in placement group
+    """Worker group ``spec``'s OpenRLHF ``RayActorGroup`` (DeepSpeed ranks with drmas's methods) in placement group
     ``pg``, its model loaded and, with ``vllm_engines``, its weight-sync group to them formed (OpenRLHF's
     ``init_model_from_pretrained``)."""
     import ray
 
-    overrides = {**seam.openrlhf_overrides(s, gpu_memory_utilization), **(cpu_compat.cpu_overrides() if CPU_MODE else {})}
-    args = seam.build_args(overrides, defaults)
-    group = seam.openrlhf_attr("RayActorGroup")(1, s.num_gpus, policy_actor_class(), pg=pg,
-                                                num_gpus_per_actor=gpu_fraction, duplicate_actors=1)
-    ray.get(group.async_init_model_from_pretrained(seam.openrlhf_attr("get_strategy")(args), s.path,
-                                                   seam.scheduler_steps(s), vllm_engines))
+    overrides = {**seam.openrlhf_overrides(spec, gpu_memory_utilization),
+                 **(cpu_compat.cpu_overrides() if CPU_MODE else {})}
+    args = api.build_args(overrides, defaults)
+    group = api.openrlhf_attr("RayActorGroup")(1, spec.model.resources.num_gpus, policy_actor_class(), pg=pg,
+                                               num_gpus_per_actor=gpu_fraction, duplicate_actors=1)
+    ray.get(group.async_init_model_from_pretrained(api.openrlhf_attr("get_strategy")(args), spec.model.path,
+                                                   seam.scheduler_steps(spec), vllm_engines))
     return group
 
 
-def group_engine(client: RayEnginesClient, s: seam.GroupSettings, trust_remote_code: bool = False) -> VLLMRolloutEngine:
+def group_engine(client: RayEnginesClient, spec: WorkerSpec) -> VLLMRolloutEngine:
     """The worker group's rollout engine over its Ray engines. Its stop ids are the tokenizer's EOS and the
     checkpoint's generation-config EOS ids, as the HF engine's (Qwen3, Llama 3 list several): the vLLM
     actors stop at all of them, and a response must end with the stop token the model emitted."""
-    return VLLMRolloutEngine(client, _load_tokenizer(s.path, trust_remote_code), s.max_prompt_tokens, s.truncation, s.chat_template,
-                             s.chat_template_kwargs, stop_ids=generation_config_eos(s.path))
+    path, rollout = spec.model.path, spec.model.rollout
+    return VLLMRolloutEngine(client, _load_tokenizer(path, spec.model.trust_remote_code), rollout.max_prompt_tokens,
+                             rollout.truncation, rollout.chat_template, rollout.chat_template_kwargs,
+                             stop_ids=generation_config_eos(path))
 
 
 class _Generator:
@@ -458,15 +469,16 @@ class _Generator:
         return self.engine.generate(prompts, sampling, seed=seed, keep_stop_token=True)
 
 
-def driver_engine(s: seam.GroupSettings, trust_remote_code: bool = False) -> Any:
-    """The ``fast`` or ``hf`` engine (``s.engine``) of worker group ``s`` in the driver process: the group's checkpoint in fp32, as the
-    local backend's worker generates (its weights are replaced after every update)."""
+def driver_engine(spec: WorkerSpec) -> Any:
+    """The ``fast`` or ``hf`` engine (``rollout.engine``) of worker group ``spec`` in the driver process: the group's
+    checkpoint in fp32, as the local backend's worker generates (its weights are replaced after every update)."""
     from drmas.models.factory import load_policy
 
-    model, tokenizer = load_policy(s.path, trust_remote_code=trust_remote_code)
+    rollout = spec.model.rollout
+    model, tokenizer = load_policy(spec.model.path, trust_remote_code=spec.model.trust_remote_code)
     model.eval().requires_grad_(False)
-    return make_engine(s.engine, model=model, tokenizer=tokenizer, max_prompt_tokens=s.max_prompt_tokens,
-                       chat_template=s.chat_template, chat_template_kwargs=s.chat_template_kwargs)
+    return make_engine(rollout.engine, model=model, tokenizer=tokenizer, max_prompt_tokens=rollout.max_prompt_tokens,
+                       chat_template=rollout.chat_template, chat_template_kwargs=rollout.chat_template_kwargs)
 
 
 class _DriverGenerator:
@@ -492,17 +504,18 @@ class OpenRLHFBackend:
         import ray
         from ray.util.placement_group import placement_group
 
-        seam.require_openrlhf_api(strict_version=False)
+        api.require_openrlhf_api(strict_version=False)
         for key, spec in specs.items():  # OpenRLHF's actors load every checkpoint with trust_remote_code=True
             refuse_checkpoint_code(key, spec.model.path, spec.model.trust_remote_code)
-        self.settings = {key: seam.group_settings(spec) for key, spec in specs.items()}
+        self.specs = {key: seam.check_spec(spec) for key, spec in specs.items()}
         if CPU_MODE:  # vLLM engines sync through cpu_compat's gloo group and worker extension; no sleep mode
-            self.settings = {k: dataclasses.replace(s, enable_sleep=False) for k, s in self.settings.items()}
+            self.specs = {key: _without_sleep_mode(spec) for key, spec in self.specs.items()}
         self.verify_sync = sync_check.verify_enabled() if verify_sync is None else bool(verify_sync)
         self.sync_reports: dict[str, list[sync_check.SyncReport]] = {}
         self._control_tokens: dict[str, ControlTokens] = {}  # per model, on first use
         self._sync_refs: dict[str, sync_check.Reference] = {}
-        self.plan = seam.plan_placement({k: (s.num_gpus, s.tensor_parallel_size) for k, s in self.settings.items()})
+        self.plan = seam.plan_placement({key: (spec.model.resources.num_gpus, spec.model.rollout.tensor_parallel_size)
+                                         for key, spec in self.specs.items()})
         if not ray.is_initialized():
             ray.init(num_gpus=self.plan.pool_gpus if CPU_MODE else None,  # CPU mode: logical GPUs
                      runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN",
@@ -517,29 +530,31 @@ class OpenRLHFBackend:
         logger.info("openrlhf backend: %d worker groups on %d GPUs, GPU share %.4f per actor, vLLM memory %.3f%s",
                     len(specs), self.plan.pool_gpus, self.plan.gpu_fraction, self.plan.gpu_memory_utilization,
                     " (CPU mode: logical GPUs)" if CPU_MODE else "")
-        defaults = seam.cli_defaults()
+        defaults = api.cli_defaults()
         self.clients: dict[str, RayEnginesClient] = {}
         self.engines: dict[str, Any] = {}
-        for key, s in self.settings.items():  # engines first: they profile GPU memory while it is free
-            trust = specs[key].model.trust_remote_code  # a checkpoint's own code runs only where the config asks
-            if s.engine != "vllm":
-                self.engines[key] = driver_engine(s, trust)
+        for key, spec in self.specs.items():  # engines first: they profile GPU memory while it is free
+            if spec.model.rollout.engine != "vllm":
+                self.engines[key] = driver_engine(spec)
                 continue
-            mem = s.gpu_memory_utilization or self.plan.gpu_memory_utilization
-            handles = launch_engines(self.pg, self.plan.groups[key], s, self.plan.gpu_fraction, mem, trust)
-            self.clients[key] = RayEnginesClient(handles, s.enable_sleep, key=key)
-            self.engines[key] = group_engine(self.clients[key], s, trust)
+            handles = launch_engines(self.pg, self.plan.groups[key], spec, self.plan.gpu_fraction,
+                                     self._vllm_memory(key))
+            self.clients[key] = RayEnginesClient(handles, spec.model.rollout.enable_sleep, key=key)
+            self.engines[key] = group_engine(self.clients[key], spec)
         for client in self.clients.values():
             client.sleep()
         self.groups: dict[str, Any] = {}
-        for key, s in self.settings.items():  # one after another: each offloads its states when built
-            mem = s.gpu_memory_utilization or self.plan.gpu_memory_utilization
-            self.groups[key] = launch_group(self.pg, s, self.plan.gpu_fraction, mem, defaults,
+        for key, spec in self.specs.items():  # one after another: each offloads its states when built
+            self.groups[key] = launch_group(self.pg, spec, self.plan.gpu_fraction, self._vllm_memory(key), defaults,
                                             self.clients[key].engines if key in self.clients else None)
         self.pad_ids = {key: int(e.tokenizer.pad_token_id if e.tokenizer.pad_token_id is not None
                                  else e.tokenizer.eos_token_id) for key, e in self.engines.items()}
         if self.verify_sync:  # the reference's "old" weights: the checkpoints the engines loaded
-            self._sync_refs = {key: sync_check.Reference(self.settings[key].path) for key in self.clients}
+            self._sync_refs = {key: sync_check.Reference(self.specs[key].model.path) for key in self.clients}
+
+    def _vllm_memory(self, key: str) -> float:
+        """Group ``key``'s vLLM memory budget per engine: ``rollout.gpu_memory_utilization``, else the plan's share."""
+        return self.specs[key].model.rollout.gpu_memory_utilization or self.plan.gpu_memory_utilization
 
     def restart(self) -> None:
         raise RuntimeError("the openrlhf backend cannot replace dead actors (capabilities.restart is False); "
@@ -569,7 +584,7 @@ class OpenRLHFBackend:
     def verify_weight_sync(self, key: str) -> sync_check.SyncReport:
         """The sync check (:func:`drmas.workers.openrlhf.sync_check.check`) of group ``key``'s engines against
         rank 0's weights now; raises when an engine does not hold them."""
-        ref = self._sync_refs.setdefault(key, sync_check.Reference(self.settings[key].path))
+        ref = self._sync_refs.setdefault(key, sync_check.Reference(self.specs[key].model.path))
         report = sync_check.verify(key, self.clients[key], ref, self._run(key, "drmas_state_dict")[0])
         self.sync_reports.setdefault(key, []).append(report)
         logger.info("weight sync of %s: %s", key, report)
@@ -579,13 +594,13 @@ class OpenRLHFBackend:
 
     def _with_states(self, key: str, fn) -> Any:
         """Run ``fn`` with the group's DeepSpeed states on the GPU (sleep mode offloads them otherwise)."""
-        s = self.settings[key]
-        if s.enable_sleep:
+        sleeps = self.specs[key].model.rollout.enable_sleep
+        if sleeps:
             self._run(key, "reload_states")
         try:
             return fn()
         finally:
-            if s.enable_sleep:
+            if sleeps:
                 self._run(key, "offload_states")
 
     def update(self, batches: dict[str, UpdateBatch], step_seed: int) -> dict[str, dict[str, Any]]:
@@ -594,7 +609,7 @@ class OpenRLHFBackend:
         return {key: self._update_group(key, batch, step_seed) for key, batch in batches.items()}
 
     def _update_group(self, key: str, batch: UpdateBatch, step_seed: int) -> dict[str, Any]:
-        s = self.settings[key]
+        optim, ranks = self.specs[key].optim, self.specs[key].model.resources.num_gpus
         n = len(batch.response_ids)
         if n == 0:
             return {"samples": 0}
@@ -604,13 +619,13 @@ class OpenRLHFBackend:
                              "one temperature per update")
         temperature = temps.pop() or 1.0  # greedy rows are scored with the plain softmax
         lengths = [len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids)]
-        plan = seam.plan_minibatches(lengths, s.mini_batches, s.num_gpus, s.micro_batch_size, step_seed)
+        plan = seam.plan_minibatches(lengths, optim.mini_batches, ranks, optim.micro_batch_size, step_seed)
         payloads = seam.rank_payloads(batch.prompt_ids, batch.response_ids, batch.advantages, plan, self.pad_ids[key],
-                                      s.num_gpus)
+                                      ranks)
 
         def fit() -> list[seam.RankFit]:
             refs = self.groups[key].async_run_method_batch(method_name="drmas_fit", minibatches=payloads,
-                                                           temperature=[temperature] * s.num_gpus)
+                                                           temperature=[temperature] * ranks)
             per_rank = ray_get(key, refs)  # execute_batch returns one result list per rank
             self._push_weights(key)
             return [results[0] for results in per_rank]
@@ -634,9 +649,9 @@ class OpenRLHFBackend:
     def get_states(self) -> dict[str, dict]:
         """DeepSpeed checkpoints of every group (the trainer stores only their location)."""
         out = {}
-        for key, s in self.settings.items():
+        for key, spec in self.specs.items():
             self._with_states(key, lambda key=key: self._run(key, "save_checkpoint", tag=CHECKPOINT_TAG))
-            out[key] = {"deepspeed_checkpoint": os.path.abspath(f"{s.checkpoint_dir}/{key}/_actor"),
+            out[key] = {"deepspeed_checkpoint": os.path.abspath(f"{spec.model.resources.checkpoint_dir}/{key}/_actor"),
                         "tag": CHECKPOINT_TAG}
         return out
 
@@ -656,7 +671,7 @@ class OpenRLHFBackend:
 
     def save_models(self, folder: str) -> dict[str, str]:
         return {key: self._with_states(key, lambda key=key: self._run(key, "drmas_save_hf", folder=f"{folder}/{key}")[0])
-                for key in self.settings}
+                for key in self.specs}
 
     def close(self) -> None:
         import ray

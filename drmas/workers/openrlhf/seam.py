@@ -1,53 +1,35 @@
-"""The seam between drmas and OpenRLHF: everything drmas knows about OpenRLHF lives in this module.
+"""The seam between drmas and OpenRLHF: what drmas hands OpenRLHF, computed without OpenRLHF (pure, tested on
+CPU). What drmas takes from OpenRLHF, and its check against an installed OpenRLHF, is the API contract
+(:mod:`drmas.workers.openrlhf.api`).
 
 drmas keeps the parts that make Dr. MAS what it is: the rollout (orchestra, agents), the step table, the
 rewards and the advantages (``drmas.algos.compute_advantages``: agent-wise grouping by explicit
-(task, agent) keys, never by position). OpenRLHF (pinned: :data:`OPENRLHF_VERSION`) supplies the GPU
-training machinery: one DeepSpeed actor group per worker group, its PPO-clip ``training_step``, and its
-vLLM Ray actors with the DeepSpeed -> vLLM weight sync. This module holds
+(task, agent) keys, never by position). OpenRLHF (pinned: :data:`drmas.workers.openrlhf.api.OPENRLHF_VERSION`)
+supplies the GPU training machinery: one DeepSpeed actor group per worker group, its PPO-clip ``training_step``,
+and its vLLM Ray actors with the DeepSpeed -> vLLM weight sync. This module holds
 
-1. **conversion** (pure, tested on CPU): a worker group's step-table rows -> OpenRLHF ``Experience``
-   fields with drmas's per-sample advantage broadcast over the response tokens
-   (:func:`sample_fields`, :func:`collate`), cut into mini-batches x ranks x micro-batches
-   (:func:`plan_minibatches`, :func:`rank_payloads`);
-2. **placement** (pure): which bundle of the one shared placement group holds each training rank and
+1. **conversion**: a worker group's step-table rows -> OpenRLHF ``Experience`` fields with drmas's per-sample
+   advantage broadcast over the response tokens (:func:`sample_fields`, :func:`collate`), cut into
+   mini-batches x ranks x micro-batches (:func:`plan_minibatches`, :func:`rank_payloads`);
+2. **placement**: which bundle of the one shared placement group holds each training rank and
    each vLLM engine of every worker group, and what GPU share each gets (:func:`plan_placement`);
-3. **arguments** (pure given OpenRLHF's CLI defaults): the hierarchical ``args`` OpenRLHF's strategy and
-   actor read, built from a drmas :class:`~drmas.workers.base.WorkerSpec` (:func:`openrlhf_overrides`,
-   :func:`build_args`);
-4. **the API contract** (:data:`OPENRLHF_API`): every OpenRLHF class, method, parameter, dataclass field
-   and CLI option drmas uses. :func:`check_openrlhf_api` verifies it against an installed OpenRLHF by
-   reading its source (no import, so it runs without a GPU, DeepSpeed or vLLM) and
-   :func:`openrlhf_attr` is the only way the backend (``drmas.workers.openrlhf.backend``) obtains an
-   OpenRLHF object, so nothing can be used that the check does not cover.
+3. **arguments**: the OpenRLHF options of a worker group, read from its
+   :class:`~drmas.workers.base.WorkerSpec` (:func:`openrlhf_overrides`: each setting under its config name,
+   ``optim.lr``, on the line that gives its OpenRLHF name, ``actor.adam.lr``).
 
-``tests/test_gpu_seam.py`` runs the conversion and placement tests everywhere and the API check where
-OpenRLHF is installed (skipped with a message otherwise).
+``tests/test_gpu_seam.py`` runs these tests everywhere.
 """
 from __future__ import annotations
 
-import argparse
-import ast
-import importlib
-import importlib.metadata
-import importlib.util
 import math
-import sys
-from dataclasses import dataclass, field
-from pathlib import Path
-from types import SimpleNamespace
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from drmas.workers import minibatch
-
-#: The OpenRLHF release this seam is written against (``pip install openrlhf==0.11.2``).
-OPENRLHF_VERSION = "0.11.2"
-#: The GPU stack OpenRLHF 0.11.2 pins (its ``Requires-Dist``; requirements/gpu.txt installs these).
-GPU_STACK_PINS = {"openrlhf": "0.11.2", "vllm": "0.29.0", "deepspeed": "0.19.6", "flash-attn": "2.8.3",
-                  "ray": "2.55.0", "transformers": "5.15.0"}
+from drmas.workers.base import WorkerSpec
 
 PADDING_ROW = -1  # row index of a padding sample in a mini-batch plan
 
@@ -296,389 +278,77 @@ def plan_placement(groups: Mapping[str, tuple[int, int]], pool_gpus: int | None 
 
 
 # ============================================================================== 3. arguments (pure)
-@dataclass(frozen=True)
-class GroupSettings:
-    """Everything one OpenRLHF actor group and its vLLM engines need, from a drmas WorkerSpec."""
-
-    key: str
-    path: str
-    seed: int
-    num_gpus: int
-    tensor_parallel_size: int
-    zero_stage: int
-    gradient_checkpointing: bool
-    adam_offload: bool
-    checkpoint_dir: str
-    micro_batch_size: int
-    mini_batches: int
-    lr: float
-    betas: tuple[float, float]
-    weight_decay: float
-    max_grad_norm: float
-    warmup_steps: int
-    clip_low: float
-    clip_high: float
-    aggregation: str
-    entropy_coef: float
-    gpu_memory_utilization: float | None
-    max_model_len: int | None
-    enable_sleep: bool
-    enforce_eager: bool
-    enable_prefix_caching: bool
-    max_prompt_tokens: int | None
-    truncation: str
-    chat_template: bool
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    engine: str = "vllm"
-    """``rollout.engine``: vllm (OpenRLHF's vLLM actors, GPU), or fast / hf (drmas's engines in the driver)."""
-
-    @property
-    def num_engines(self) -> int:
-        return self.num_gpus // self.tensor_parallel_size
-
-    @property
-    def warmup_optimizer_steps(self) -> int:
-        """drmas counts warm-up in RL steps; DeepSpeed's scheduler steps once per mini-batch."""
-        return self.warmup_steps * self.mini_batches
-
-
-def group_settings(spec: Any) -> GroupSettings:
-    """The settings of worker group ``spec`` (a :class:`drmas.workers.base.WorkerSpec`)."""
-    m, o, a = spec.model, spec.optim, spec.algo
-    if m.path is None:
+def check_spec(spec: WorkerSpec) -> WorkerSpec:
+    """``spec``, once it is known to give an OpenRLHF actor group what it needs: a checkpoint to load
+    (``model.path``) and a folder for its DeepSpeed checkpoints (``resources.checkpoint_dir``)."""
+    if spec.model.path is None:
         raise ValueError(f"models.{spec.key}.path: the openrlhf backend loads a checkpoint (folder or hub id)")
-    r, res = m.rollout, m.resources
-    if res.checkpoint_dir is None:
+    if spec.model.resources.checkpoint_dir is None:
         raise ValueError(f"models.{spec.key}.resources.checkpoint_dir is unset (RunConfig sets it to the run directory)")
-    return GroupSettings(
-        key=spec.key, path=m.path, seed=spec.seed, num_gpus=res.num_gpus, tensor_parallel_size=r.tensor_parallel_size,
-        zero_stage=res.zero_stage, gradient_checkpointing=res.gradient_checkpointing, adam_offload=res.adam_offload,
-        checkpoint_dir=res.checkpoint_dir, micro_batch_size=o.micro_batch_size, mini_batches=o.mini_batches, lr=o.lr,
-        betas=tuple(o.betas), weight_decay=o.weight_decay, max_grad_norm=o.max_grad_norm, warmup_steps=o.warmup_steps,
-        clip_low=a.clip_low, clip_high=a.clip_high, aggregation=a.aggregation, entropy_coef=a.entropy_coef,
-        gpu_memory_utilization=r.gpu_memory_utilization, max_model_len=r.max_model_len, enable_sleep=r.enable_sleep,
-        enforce_eager=r.enforce_eager, enable_prefix_caching=r.enable_prefix_caching,
-        max_prompt_tokens=r.max_prompt_tokens, truncation=r.truncation, chat_template=r.chat_template,
-        chat_template_kwargs=dict(r.chat_template_kwargs), engine=r.engine)
+    return spec
+
+
+def num_engines(spec: WorkerSpec) -> int:
+    """The worker group's vLLM engine replicas: ``resources.num_gpus / rollout.tensor_parallel_size``."""
+    return spec.model.resources.num_gpus // spec.model.rollout.tensor_parallel_size
+
+
+def warmup_optimizer_steps(spec: WorkerSpec) -> int:
+    """``optim.warmup_steps`` in optimizer steps: drmas counts warm-up in RL steps, DeepSpeed's scheduler steps
+    once per mini-batch."""
+    return spec.optim.warmup_steps * spec.optim.mini_batches
 
 
 #: drmas ``algo.aggregation`` -> OpenRLHF ``--actor.loss_agg_mode``.
 LOSS_AGG_MODES = {"token_mean": "token-mean", "seq_mean_token_mean": "seq-mean-token-mean"}
 
 
-def openrlhf_overrides(s: GroupSettings, gpu_memory_utilization: float) -> dict[str, Any]:
-    """OpenRLHF CLI options (dotted names of ``train_ppo_ray.py``) for worker group ``s``.
+def openrlhf_overrides(spec: WorkerSpec, gpu_memory_utilization: float) -> dict[str, Any]:
+    """OpenRLHF CLI options (dotted names of ``train_ppo_ray.py``) for worker group ``spec``: each setting is read
+    under its config name (``optim.lr``) on the line that gives OpenRLHF's (``actor.adam.lr``).
 
     Colocated (``train.colocate_all``) with CUDA-IPC weight sync, no reference model (KL off, as the
     paper), no dynamic batching. DeepSpeed's gradient accumulation is 1 (``train.batch_size`` =
     micro-batch x ranks): drmas marks the accumulation boundary itself at the end of each mini-batch,
     whose size varies with how often the agents acted. The scheduler is constant after drmas's linear
     warm-up; the rollout temperature is set per update (the sampling temperature of the rows)."""
-    if s.aggregation not in LOSS_AGG_MODES:
-        raise ValueError(f"algo.aggregation={s.aggregation!r} has no OpenRLHF equivalent; use one of "
+    model, optim, algo = spec.model, spec.optim, spec.algo
+    resources, rollout = model.resources, model.rollout
+    if algo.aggregation not in LOSS_AGG_MODES:
+        raise ValueError(f"algo.aggregation={algo.aggregation!r} has no OpenRLHF equivalent; use one of "
                          f"{sorted(LOSS_AGG_MODES)}")
-    warm = s.warmup_optimizer_steps
-    ckpt = f"{s.checkpoint_dir}/{s.key}"
+    warm = warmup_optimizer_steps(spec)
+    ckpt = f"{resources.checkpoint_dir}/{spec.key}"
     return {
-        "actor.model_name_or_path": s.path,
-        "actor.num_nodes": 1, "actor.num_gpus_per_node": s.num_gpus,
-        "ref.num_nodes": 1, "ref.num_gpus_per_node": s.num_gpus,
-        "vllm.num_engines": s.num_engines, "vllm.tensor_parallel_size": s.tensor_parallel_size,
-        "vllm.gpu_memory_utilization": gpu_memory_utilization, "vllm.enable_sleep": s.enable_sleep,
-        "vllm.enforce_eager": s.enforce_eager, "vllm.enable_prefix_caching": s.enable_prefix_caching,
+        "actor.model_name_or_path": model.path,
+        "actor.num_nodes": 1, "actor.num_gpus_per_node": resources.num_gpus,
+        "ref.num_nodes": 1, "ref.num_gpus_per_node": resources.num_gpus,
+        "vllm.num_engines": num_engines(spec), "vllm.tensor_parallel_size": rollout.tensor_parallel_size,
+        "vllm.gpu_memory_utilization": gpu_memory_utilization, "vllm.enable_sleep": rollout.enable_sleep,
+        "vllm.enforce_eager": rollout.enforce_eager, "vllm.enable_prefix_caching": rollout.enable_prefix_caching,
         "vllm.sync_backend": "nccl",
-        "ds.zero_stage": s.zero_stage, "ds.enable_sleep": s.enable_sleep, "ds.adam_offload": s.adam_offload,
-        "ds.packing_samples": False, "ds.param_dtype": "bf16",
-        "actor.gradient_checkpointing_enable": s.gradient_checkpointing,
+        "ds.zero_stage": resources.zero_stage, "ds.enable_sleep": rollout.enable_sleep,
+        "ds.adam_offload": resources.adam_offload, "ds.packing_samples": False, "ds.param_dtype": "bf16",
+        "actor.gradient_checkpointing_enable": resources.gradient_checkpointing,
         "train.colocate_all": True, "train.async_enable": False, "train.dynamic_batch_enable": False,
-        "train.micro_batch_size": s.micro_batch_size, "train.batch_size": s.micro_batch_size * s.num_gpus,
-        "rollout.micro_batch_size": s.micro_batch_size, "rollout.temperature": 1.0, "train.seed": s.seed,
-        "actor.adam.lr": s.lr, "actor.adam.betas": tuple(s.betas), "actor.adam.weight_decay": s.weight_decay,
-        "actor.max_norm": s.max_grad_norm,
+        "train.micro_batch_size": optim.micro_batch_size,
+        "train.batch_size": optim.micro_batch_size * resources.num_gpus,
+        "rollout.micro_batch_size": optim.micro_batch_size, "rollout.temperature": 1.0, "train.seed": spec.seed,
+        "actor.adam.lr": optim.lr, "actor.adam.betas": tuple(optim.betas),
+        "actor.adam.weight_decay": optim.weight_decay,
+        "actor.max_norm": optim.max_grad_norm,
         "actor.lr_scheduler": "constant_with_warmup" if warm else "constant",
         "actor.lr_warmup_ratio": 1.0 if warm else 0.0,
-        "actor.eps_clip_low_high": (s.clip_low, s.clip_high), "actor.loss_agg_mode": LOSS_AGG_MODES[s.aggregation],
-        "actor.entropy_coef": s.entropy_coef if s.entropy_coef > 0 else None, "actor.policy_loss_type": "ppo",
+        "actor.eps_clip_low_high": (algo.clip_low, algo.clip_high),
+        "actor.loss_agg_mode": LOSS_AGG_MODES[algo.aggregation],
+        "actor.entropy_coef": algo.entropy_coef if algo.entropy_coef > 0 else None, "actor.policy_loss_type": "ppo",
         "algo.kl.init_coef": 0.0, "algo.kl.use_loss": False, "algo.advantage.is_correction_level": "off",
         "ckpt.path": ckpt, "ckpt.output_dir": f"{ckpt}/hf", "ckpt.load_enable": False, "ckpt.save_hf": False,
         "ckpt.disable_ds": False,
     }
 
 
-def scheduler_steps(s: GroupSettings) -> int:
+def scheduler_steps(spec: WorkerSpec) -> int:
     """``max_steps`` for OpenRLHF's scheduler: with ``lr_warmup_ratio`` 1 (or 0) the warm-up lasts exactly
     drmas's warm-up, and the constant schedules ignore the total."""
-    return max(1, s.warmup_optimizer_steps)
-
-
-def hierarchize(flat: Mapping[str, Any]) -> SimpleNamespace:
-    """``{"a.b": 1, "c": 2}`` -> ``namespace(a=namespace(b=1), c=2)`` (OpenRLHF's ``utils.config.hierarchize``)."""
-    root: dict[str, Any] = {}
-    for key, value in flat.items():
-        node = root
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-
-    def build(x: Any) -> Any:
-        return SimpleNamespace(**{k: build(v) for k, v in x.items()}) if isinstance(x, dict) else x
-
-    return build(root)
-
-
-def build_args(overrides: Mapping[str, Any], defaults: Mapping[str, Any]) -> SimpleNamespace:
-    """OpenRLHF's hierarchical ``args``: its CLI defaults with drmas's ``overrides``. An override that is
-    not an option of the installed OpenRLHF is API drift and stops here, naming it."""
-    unknown = sorted(set(overrides) - set(defaults))
-    if unknown:
-        raise RuntimeError(f"OpenRLHF's train_ppo_ray has no options {unknown} (API drift: drmas is written for "
-                           f"openrlhf=={OPENRLHF_VERSION}); update drmas/workers/openrlhf/seam.py")
-    return hierarchize({**defaults, **overrides})
-
-
-def openrlhf_root() -> Path | None:
-    """Source folder of the installed ``openrlhf`` package (found without importing it), or None."""
-    spec = importlib.util.find_spec("openrlhf")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def cli_defaults(root: Path | None = None) -> dict[str, Any]:
-    """Defaults of every ``train_ppo_ray.py`` option, as flat dotted names.
-
-    OpenRLHF builds its parser inside ``if __name__ == "__main__"``; the statements of that block up to
-    ``parse_args`` (only ``parser.add_argument`` calls) are run here with the file's standard-library
-    imports, so the defaults are exactly the installed version's."""
-    root = root or openrlhf_root()
-    if root is None:
-        raise ModuleNotFoundError("openrlhf is not installed (pip install -r requirements/gpu.txt)")
-    path = root / "cli" / "train_ppo_ray.py"
-    tree = ast.parse(path.read_text(), filename=str(path))
-    main = next((n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)), None)
-    if main is None:
-        raise RuntimeError(f"{path}: no `if __name__ == '__main__'` block (API drift)")
-    body = []
-    for stmt in main.body:
-        if isinstance(stmt, ast.Assign) and "parse_args" in ast.unparse(stmt.value):
-            break
-        body.append(stmt)
-    imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) and _stdlib_import(n)]
-    namespace: dict[str, Any] = {}
-    exec(compile(ast.Module(body=imports + body, type_ignores=[]), str(path), "exec"), namespace)  # noqa: S102
-    parser = namespace.get("parser")
-    if not isinstance(parser, argparse.ArgumentParser):
-        raise RuntimeError(f"{path}: the __main__ block does not build `parser` (API drift)")
-    return dict(vars(parser.parse_args([])))
-
-
-def _stdlib_import(node: ast.Import | ast.ImportFrom) -> bool:
-    names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-    return all(n.split(".")[0] in sys.stdlib_module_names for n in names)
-
-
-# ============================================================================ 4. the API contract
-@dataclass(frozen=True)
-class ApiItem:
-    """One OpenRLHF object drmas uses, and what drmas relies on about it."""
-
-    module: str
-    attr: str
-    methods: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    """Method (``__init__`` for the constructor, ``()`` for a function) -> parameters drmas passes."""
-    fields: tuple[str, ...] = ()
-    """Dataclass fields drmas fills."""
-    attributes: tuple[str, ...] = ()
-    """Instance attributes (``self.x = ...``) drmas reads."""
-
-
-#: Everything the openrlhf backend takes from OpenRLHF; :func:`openrlhf_attr` hands out only these.
-OPENRLHF_API: dict[str, ApiItem] = {
-    "Experience": ApiItem("openrlhf.trainer.ppo_utils.experience", "Experience", {"to_device": ("device",)},
-                          fields=EXPERIENCE_FIELDS),
-    "RayActorGroup": ApiItem("openrlhf.trainer.ray.launcher", "RayActorGroup", {
-        "__init__": ("num_nodes", "num_gpus_per_node", "ray_actor_type", "pg", "num_gpus_per_actor",
-                     "duplicate_actors"),
-        "async_run_method": ("method_name",), "async_run_method_batch": ("method_name",),
-        "async_init_model_from_pretrained": ()}),
-    "BaseModelActor": ApiItem("openrlhf.trainer.ray.launcher", "BaseModelActor", {
-        "execute_batch": ("method_name", "all_data", "start_idx", "end_idx"), "_setup_distributed": ("strategy",)},
-        attributes=("strategy",)),
-    "PolicyModelActor": ApiItem("openrlhf.trainer.ray.ppo_actor", "PolicyModelActor", {
-        "init_model_from_pretrained": ("strategy", "pretrain", "max_steps", "vllm_engines"),
-        "broadcast_to_vllm": (),
-        "reload_states": (), "offload_states": (), "save_checkpoint": ("tag",)},
-        attributes=("actor", "trainer", "tokenizer")),
-    "ActorPPOTrainer": ApiItem("openrlhf.trainer.ray.ppo_actor", "ActorPPOTrainer", {
-        "training_step": ("experience", "kl_ctl", "step", "loss_batch_info"), "broadcast_to_vllm": (),
-        "_init_vllm_sync_group": ("backend",)}, attributes=("actor_scheduler", "vllm_engines")),
-    "Actor": ApiItem("openrlhf.models.actor", "Actor", {"forward": ("sequences", "action_mask", "attention_mask",
-                                                                   "return_output", "ring_attn_group")},
-                     attributes=("temperature", "model", "packing_samples")),
-    "aggregate_loss": ApiItem("openrlhf.models.loss", "aggregate_loss", {
-        "()": ("loss", "loss_mask", "dp_size", "batch_num_tokens", "global_batch_size")}),
-    "DeepspeedStrategy": ApiItem("openrlhf.utils.deepspeed.deepspeed", "DeepspeedStrategy", {
-        "get_grad_norm": ("model",), "save_model": ("model", "tokenizer", "output_dir"),
-        "load_ckpt": ("model", "load_dir", "tag"), "ring_attn_group": ()},  # the last: a property
-        attributes=("ds_device_mesh",)),
-    "get_strategy": ApiItem("openrlhf.utils.utils", "get_strategy", {"()": ("args",)}),
-    "RolloutRayActor": ApiItem("openrlhf.trainer.ray.vllm_engine", "RolloutRayActor", {
-        "__init__": ("bundle_indices",), "generate": ("prompt_token_ids", "sampling_params"), "sleep": ("level",),
-        "wake_up": ("tags",), "reset_prefix_cache": ()}),
-    "WorkerWrap": ApiItem("openrlhf.trainer.ray.vllm_worker_wrap", "WorkerWrap", {
-        "update_weight_cuda_ipc": ("name", "dtype", "shape", "ipc_handles"),
-        # the RPCs drmas's CPU worker extension answers in its place (cpu_compat measure 12)
-        "init_process_group": ("master_address", "master_port", "rank_offset", "world_size", "group_name", "backend",
-                               "use_ray"),
-        "update_weight": ("name", "dtype", "shape", "empty_cache")}),
-    "stateless_init_process_group": ApiItem("openrlhf.utils.distributed_util", "stateless_init_process_group", {
-        "()": ("master_address", "master_port", "rank", "world_size", "device")}),  # cpu_compat measure 11
-    "get_bundle_indices": ApiItem("openrlhf.trainer.ray.utils", "get_bundle_indices", {
-        "()": ("placement_group", "index", "length")}),
-}
-
-#: Keyword arguments drmas passes to ``RolloutRayActor`` (OpenRLHF's own ``create_vllm_engines`` passes
-#: the same; checked against it).
-ROLLOUT_ACTOR_KWARGS = ("model", "enforce_eager", "worker_extension_cls", "tensor_parallel_size", "seed",
-                        "distributed_executor_backend", "max_model_len", "enable_prefix_caching", "dtype",
-                        "trust_remote_code", "full_determinism", "gpu_memory_utilization", "bundle_indices",
-                        "num_gpus", "enable_sleep_mode")
-
-
-def openrlhf_attr(name: str) -> Any:
-    """The OpenRLHF object registered as ``name`` in :data:`OPENRLHF_API` (imported on first use)."""
-    if name not in OPENRLHF_API:
-        raise KeyError(f"{name!r} is not part of the OpenRLHF API drmas uses ({sorted(OPENRLHF_API)}); add it to "
-                       "OPENRLHF_API so that check_openrlhf_api covers it")
-    item = OPENRLHF_API[name]
-    return getattr(importlib.import_module(item.module), item.attr)
-
-
-def _module_file(root: Path, module: str) -> Path:
-    parts = module.split(".")[1:]
-    path = root.joinpath(*parts)
-    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
-
-
-def _params(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
-    a = fn.args
-    return {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs}
-
-
-def _class_defs(tree: ast.Module) -> dict[str, ast.ClassDef]:
-    return {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
-
-
-def _check_item(name: str, item: ApiItem, root: Path, trees: dict[str, ast.Module]) -> list[str]:
-    path = _module_file(root, item.module)
-    if not path.is_file():
-        return [f"{name}: module {item.module} not found ({path})"]
-    tree = trees.setdefault(item.module, ast.parse(path.read_text(), filename=str(path)))
-    if "()" in item.methods:  # a function
-        fn = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                   and n.name == item.attr), None)
-        if fn is None:
-            return [f"{name}: function {item.module}.{item.attr} not found"]
-        missing = sorted(set(item.methods["()"]) - _params(fn))
-        return [f"{name}: {item.attr}() lacks parameters {missing}"] if missing else []
-    classes = _class_defs(tree)
-    cls = classes.get(item.attr)
-    if cls is None:
-        return [f"{name}: class {item.module}.{item.attr} not found"]
-    # methods and attributes of the class and of its bases defined in the same module
-    chain, seen = [cls], {cls.name}
-    while True:
-        bases = [classes[b.id] for c in chain for b in c.bases if isinstance(b, ast.Name) and b.id in classes
-                 and b.id not in seen]
-        if not bases:
-            break
-        chain += bases
-        seen |= {b.name for b in bases}
-    funcs: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
-    assigned: set[str] = set()
-    for c in reversed(chain):
-        for node in c.body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                funcs[node.name] = node
-        for node in ast.walk(c):
-            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) \
-                    and isinstance(node.value, ast.Name) and node.value.id == "self":
-                assigned.add(node.attr)
-    problems = []
-    for method, params in item.methods.items():
-        if method not in funcs:
-            problems.append(f"{name}: method {item.attr}.{method} not found")
-            continue
-        missing = sorted(set(params) - _params(funcs[method]))
-        if missing:
-            problems.append(f"{name}: {item.attr}.{method}() lacks parameters {missing}")
-    if item.fields:
-        declared = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
-        missing = sorted(set(item.fields) - declared)
-        if missing:
-            problems.append(f"{name}: dataclass {item.attr} lacks fields {missing}")
-    missing = sorted(set(item.attributes) - assigned)
-    if missing:
-        problems.append(f"{name}: {item.attr} never sets attributes {missing}")
-    return problems
-
-
-def _rollout_kwargs_problems(root: Path, trees: dict[str, ast.Module]) -> list[str]:
-    module = "openrlhf.trainer.ray.vllm_engine"
-    tree = trees.get(module) or ast.parse(_module_file(root, module).read_text())
-    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "create_vllm_engines"), None)
-    if fn is None:
-        return ["create_vllm_engines not found (the reference for RolloutRayActor's arguments)"]
-    keys = {k.value for node in ast.walk(fn) if isinstance(node, ast.Dict) for k in node.keys
-            if isinstance(k, ast.Constant) and isinstance(k.value, str)}
-    missing = sorted(set(ROLLOUT_ACTOR_KWARGS) - keys)
-    return [f"RolloutRayActor: create_vllm_engines no longer passes {missing}"] if missing else []
-
-
-def installed_openrlhf_version() -> str | None:
-    try:
-        return importlib.metadata.version("openrlhf")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def check_openrlhf_api(root: Path | None = None, strict_version: bool = True) -> list[str]:
-    """Problems between :data:`OPENRLHF_API` (+ the CLI options drmas sets) and the OpenRLHF at ``root``
-    (default: the installed one). An empty list means the seam matches. Reads source only."""
-    root = root or openrlhf_root()
-    if root is None:
-        return ["openrlhf is not installed"]
-    problems: list[str] = []
-    version = installed_openrlhf_version()
-    if strict_version and version != OPENRLHF_VERSION:
-        problems.append(f"openrlhf {version} is installed; drmas pins {OPENRLHF_VERSION} (check the API, then "
-                        "update OPENRLHF_VERSION and requirements/gpu.txt)")
-    trees: dict[str, ast.Module] = {}
-    for name, item in OPENRLHF_API.items():
-        problems += _check_item(name, item, root, trees)
-    problems += _rollout_kwargs_problems(root, trees)
-    try:
-        defaults = cli_defaults(root)
-    except (OSError, SyntaxError, RuntimeError) as exc:
-        problems.append(f"train_ppo_ray CLI: {exc}")
-    else:
-        probe = GroupSettings(
-            key="probe", path="probe", seed=0, num_gpus=1, tensor_parallel_size=1, zero_stage=2,
-            gradient_checkpointing=False, adam_offload=False, checkpoint_dir="x", micro_batch_size=1, mini_batches=1,
-            lr=1e-6, betas=(0.9, 0.999), weight_decay=0.0, max_grad_norm=1.0, warmup_steps=0, clip_low=0.2,
-            clip_high=0.28, aggregation="token_mean", entropy_coef=0.0, gpu_memory_utilization=None,
-            max_model_len=None, enable_sleep=True, enforce_eager=False, enable_prefix_caching=False,
-            max_prompt_tokens=None, truncation="left", chat_template=False)
-        missing = sorted(set(openrlhf_overrides(probe, 0.5)) - set(defaults))
-        if missing:
-            problems.append(f"train_ppo_ray CLI lacks options {missing}")
-    return problems
-
-
-def require_openrlhf_api(strict_version: bool = False) -> None:
-    """Raise, listing every problem, unless the installed OpenRLHF matches the seam (backend start-up)."""
-    problems = check_openrlhf_api(strict_version=strict_version)
-    if problems:
-        raise RuntimeError("the installed OpenRLHF does not match drmas's seam (drmas/workers/openrlhf/seam.py, "
-                           f"written for openrlhf=={OPENRLHF_VERSION}):\n  - " + "\n  - ".join(problems))
+    return max(1, warmup_optimizer_steps(spec))
