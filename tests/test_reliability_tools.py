@@ -215,6 +215,31 @@ def test_a_full_disk_at_the_sft_base_save_is_one_line_and_leaves_nothing(tmp_pat
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_full_disk_at_the_sft_tokenizer_save_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    """A full disk while the SFT warm-up saves the tokenizer it trained (before any base is trained) was a raw
+    OSError traceback from transformers' save_pretrained: one line naming the folder, exit 1, no tokenizer folder
+    and no temporary folder left."""
+    from transformers import PreTrainedTokenizerFast
+
+    def no_space(self, *args, **kwargs):
+        raise NO_SPACE
+
+    monkeypatch.setattr(PreTrainedTokenizerFast, "save_pretrained", no_space)
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "r", "out_dir": str(tmp_path / "runs"),
+        "models": {"a": {"preset": "nano", "path": str(tmp_path / "sft" / "a")}},
+        "agents": [{"name": "solver", "role": "math_solver", "model": "a"},
+                   {"name": "verifier", "role": "math_verifier", "model": "a"}],
+        "sft": {"tokenizer_dir": str(tmp_path / "sft" / "tok"), "traces": 50, "steps": 2, "batch_size": 4}}))
+    code, _, err = _run(["sft", str(config), "--no-progress"], capsys)
+    tok = tmp_path / "sft" / "tok"
+    assert code == 1 and err == [f"drmas: {tok}: the checkpoint could not be written (No space left on device); "
+                                 "nothing was written there (the temporary folder is removed); free space and run the "
+                                 "same command again"], err
+    assert sorted(p.name for p in (tmp_path / "sft").iterdir()) == [".warmup.lock"]
+
+
 def test_a_degenerate_run_shorter_than_ten_steps_is_flagged(tmp_path):
     """Every agent's gradient norm exactly 0 in every step of a 3-step run (lr 0 is refused, so: identical
     samples at temperature 0 are the sign): a run shorter than DEGENERATE_STEPS was never flagged."""

@@ -27,7 +27,6 @@ from typing import Any, Iterator
 from drmas.agents import AgentView, make_agent
 from drmas.checkpoints import build_record, check_base_checkpoint, verify_artifact, write_manifest
 from drmas.config import RunConfig
-from drmas.io import atomic_folder
 from drmas.plugins import init_worker, loaded_plugins
 from drmas.shutdown import ctrl_c_left_to_me
 from drmas.tasks import TASK_SOURCES, TaskSource, make_task_source
@@ -119,6 +118,7 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
 
 
 def _warmup_locked(cfg: RunConfig, progress: bool) -> dict[str, Any]:
+    from drmas.models.factory import written_folder
     from drmas.models.sft import SFTConfig
     from drmas.models.tokenizer import save_tokenizer, train_bytelevel_bpe
 
@@ -135,7 +135,7 @@ def _warmup_locked(cfg: RunConfig, progress: bool) -> dict[str, Any]:
         all_roles = sorted({r for rec in records if (r := source.agent_role_of(rec))})
         texts = [p + t for p, t in render_examples(records, all_roles, source)]
         tokenizer = train_bytelevel_bpe(texts, vocab_size=sft.vocab_size)
-        with atomic_folder(tok_dir) as tmp:  # an existing tok_dir is a crashed attempt's leftover (no tokenizer.json)
+        with written_folder(tok_dir) as tmp:  # an existing tok_dir is a crashed attempt's leftover (no tokenizer.json)
             save_tokenizer(tokenizer, tmp)
             write_manifest(tmp)
     else:
