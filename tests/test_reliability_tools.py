@@ -186,6 +186,31 @@ def test_a_full_disk_at_the_tensorboard_writers_start_is_one_line(tmp_path, monk
     assert caught.value.errno == errno.ENOSPC
 
 
+def test_a_full_disk_at_the_tensorboard_writers_first_write_prints_no_thread_traceback(tmp_path):
+    """On a real full disk TensorBoard's writer starts, and its event writer thread fails to write the file's first
+    record: besides the one WriteFailed line, the thread printed its own ``Exception in thread`` traceback as it
+    ended. ``drmas train`` in a subprocess (the thread's end as Python reports it) with that write failing: exit 1,
+    the one line, no traceback."""
+    script = textwrap.dedent(f"""\
+        import errno, os, sys
+        from tensorboard.summary.writer import record_writer
+
+        def no_space(self, data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        record_writer.RecordWriter.write = no_space
+        from drmas.cli import main
+        sys.exit(main({_train(tmp_path, "tb")!r}))
+        """)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "Exception in thread" not in proc.stderr, proc.stderr
+    tb = tmp_path / "runs" / "tb" / "tb"
+    assert [line for line in proc.stderr.splitlines() if line.startswith("drmas: ")] == [
+        f"drmas: {tb}: the TensorBoard writer could not start (No space left on device); nothing was run; free space "
+        "(or drop tensorboard from train.loggers) and run the same command again"], proc.stderr
+
+
 @pytest.mark.parametrize("raised", ["OSError", "SafetensorError"])
 def test_a_full_disk_at_the_sft_base_save_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, raised):
     """A full disk while the SFT warm-up saves a base: a WriteFailed naming the folder (exit 1 and one line on the
