@@ -265,6 +265,25 @@ def test_a_full_disk_at_the_sft_tokenizer_save_is_one_line_and_leaves_nothing(tm
     assert sorted(p.name for p in (tmp_path / "sft").iterdir()) == [".warmup.lock"]
 
 
+@pytest.mark.parametrize("command", ["sft", "train"])
+def test_models_sharing_a_path_with_other_roles_are_one_config_error(tmp_path, capsys, command):
+    """Two models naming one base path that they would warm up with different roles were a raw ValueError
+    traceback from ``drmas sft`` and ``drmas train``: one config error line, exit 2, no base built."""
+    config = tmp_path / "run.yaml"
+    base = tmp_path / "sft" / "a"
+    config.write_text(yaml.safe_dump({
+        "name": "r", "out_dir": str(tmp_path / "runs"),
+        "models": {"a": {"preset": "nano", "path": str(base)}, "b": {"preset": "nano", "path": str(base)}},
+        "agents": [{"name": "solver", "role": "math_solver", "model": "a"},
+                   {"name": "verifier", "role": "math_verifier", "model": "b"}],
+        "sft": {"tokenizer_dir": str(tmp_path / "sft" / "tok"), "traces": 50, "steps": 2, "batch_size": 4}}))
+    code, _, err = _run([command, str(config), "--no-progress"], capsys)
+    assert code == 2 and err == [f"drmas: models 'a' and 'b' share path {base} but would warm it up differently "
+                                 "(preset nano vs nano, roles ['math_solver'] vs ['math_verifier']); give them the "
+                                 "same `preset` and `sft_roles`, or different paths"], err
+    assert not base.exists() and not (tmp_path / "sft" / "tok").exists()
+
+
 def test_a_degenerate_run_shorter_than_ten_steps_is_flagged(tmp_path):
     """Every agent's gradient norm exactly 0 in every step of a 3-step run (lr 0 is refused, so: identical
     samples at temperature 0 are the sign): a run shorter than DEGENERATE_STEPS was never flagged."""
