@@ -32,9 +32,12 @@ class CheckpointDamaged(RuntimeError):
 
 
 def refused_pickle(exc: Exception) -> str:
-    """What ``torch.load(weights_only=True)`` refused in a file, in one clause (its ``UnpicklingError``'s first
-    sentence, e.g. ``Unsupported global: GLOBAL builtins.exec was not an allowed global by default``)."""
-    return str(exc).split("WeightsUnpickler error: ")[-1].splitlines()[0].split(". ")[0]
+    """What ``torch.load(weights_only=True)`` refused in a file, in one clause: the first sentence of its
+    ``UnpicklingError`` that names the refused global (``Unsupported global: GLOBAL builtins.exec was not an allowed
+    global by default``; for a module torch blocks outright, ``Trying to load unsupported GLOBAL posix.system whose
+    module posix is blocked``), else its first sentence."""
+    lines = [line for line in str(exc).split("WeightsUnpickler error: ")[-1].splitlines() if line.strip()] or [""]
+    return next((line for line in lines if "GLOBAL" in line), lines[0]).split(". ")[0].rstrip(".")
 
 
 class CheckpointMismatch(RuntimeError):

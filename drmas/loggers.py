@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import secrets
+import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -70,6 +71,29 @@ LOGGERS: Registry[Callable[..., Any]] = Registry("metrics logger")
 ``factory(run_dir=, run_name=, config=)`` and has ``log_step(step, metrics)``, ``log_eval(record)`` and ``close()``."""
 
 
+_TB_WRITER_MODULE = "tensorboard.summary.writer.event_file_writer"
+"""The module of TensorBoard's event writer thread (``_AsyncWriterThread``)."""
+
+
+def _leave_out_writer_thread_tracebacks() -> None:
+    """TensorBoard's event writer thread keeps the exception of a failed write (a full disk) as its ``exception``
+    and then ends by raising it; the writer raises the same exception in the thread that writes or flushes next
+    (TensorBoardLogger turns it into one WriteFailed line). The traceback Python prints as that thread ends says
+    nothing more: ``threading.excepthook`` leaves it out, and passes every other thread's exception on. Installed
+    once per process."""
+    previous = threading.excepthook
+    if getattr(previous, "leaves_out_tb_writer", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        thread = args.thread
+        if not (type(thread).__module__ == _TB_WRITER_MODULE and getattr(thread, "exception", None) is args.exc_value):
+            previous(args)
+
+    hook.leaves_out_tb_writer = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
 @LOGGERS.register("tensorboard")
 class TensorBoardLogger:
     """TensorBoard events in ``<run>/tb`` (nothing when tensorboard is not installed): the step and evaluation
@@ -82,6 +106,7 @@ class TensorBoardLogger:
             self._tb = None
             return
         folder = Path(run_dir) / "tb"
+        _leave_out_writer_thread_tracebacks()
         try:
             self._tb = SummaryWriter(str(folder))
             if config is not None:

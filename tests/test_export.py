@@ -165,6 +165,32 @@ def test_a_planted_pickle_payload_is_refused_without_running(runs, tmp_path, cap
     assert not (run / "export").exists()
 
 
+class _SystemPayload:
+    """Unpickling this calls ``os.system``, a global of a module that torch's weights-only loader blocks outright."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_payload_of_a_blocked_module_is_refused_naming_the_global(tmp_path):
+    """torch words the refusal of a blocked module's global (``os.system``) differently from that of a global not
+    allowed: the line named only "Weights only load failed"; it names the global, and the payload never runs."""
+    from drmas.checkpoints import CheckpointDamaged
+    from drmas.trainer.run_folder import load_worker_state
+
+    marker, worker = tmp_path / "MARKER", tmp_path / "worker_solver_model.pt"
+    torch.save({"model": {"w": torch.zeros(2)}, "note": _SystemPayload(marker)}, worker)
+    with pytest.raises(CheckpointDamaged) as refused:
+        load_worker_state(worker, tmp_path)
+    module = os.system.__module__
+    assert f"refused unread: it holds a pickled Python object that is not a tensor or a plain container (Trying to load " \
+           f"unsupported GLOBAL {module}.system whose module {module} is blocked)" in str(refused.value), refused.value
+    assert not marker.exists()
+
+
 def test_a_checkpoint_written_as_drmas_always_wrote_it_loads_with_weights_only(runs):
     """A worker file holds tensors and plain containers only (the format is unchanged), so the restricted loader
     reads every value the unrestricted one reads."""

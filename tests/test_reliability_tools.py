@@ -186,6 +186,31 @@ def test_a_full_disk_at_the_tensorboard_writers_start_is_one_line(tmp_path, monk
     assert caught.value.errno == errno.ENOSPC
 
 
+def test_a_full_disk_at_the_tensorboard_writers_first_write_prints_no_thread_traceback(tmp_path):
+    """On a real full disk TensorBoard's writer starts, and its event writer thread fails to write the file's first
+    record: besides the one WriteFailed line, the thread printed its own ``Exception in thread`` traceback as it
+    ended. ``drmas train`` in a subprocess (the thread's end as Python reports it) with that write failing: exit 1,
+    the one line, no traceback."""
+    script = textwrap.dedent(f"""\
+        import errno, os, sys
+        from tensorboard.summary.writer import record_writer
+
+        def no_space(self, data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        record_writer.RecordWriter.write = no_space
+        from drmas.cli import main
+        sys.exit(main({_train(tmp_path, "tb")!r}))
+        """)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "Exception in thread" not in proc.stderr, proc.stderr
+    tb = tmp_path / "runs" / "tb" / "tb"
+    assert [line for line in proc.stderr.splitlines() if line.startswith("drmas: ")] == [
+        f"drmas: {tb}: the TensorBoard writer could not start (No space left on device); nothing was run; free space "
+        "(or drop tensorboard from train.loggers) and run the same command again"], proc.stderr
+
+
 @pytest.mark.parametrize("raised", ["OSError", "SafetensorError"])
 def test_a_full_disk_at_the_sft_base_save_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, raised):
     """A full disk while the SFT warm-up saves a base: a WriteFailed naming the folder (exit 1 and one line on the
@@ -213,6 +238,50 @@ def test_a_full_disk_at_the_sft_base_save_is_one_line_and_leaves_nothing(tmp_pat
     assert str(caught.value).startswith(f"{target}: the checkpoint could not be written (")
     assert "No space left on device" in str(caught.value) and "nothing was written there" in str(caught.value)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_at_the_sft_tokenizer_save_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    """A full disk while the SFT warm-up saves the tokenizer it trained (before any base is trained) was a raw
+    OSError traceback from transformers' save_pretrained: one line naming the folder, exit 1, no tokenizer folder
+    and no temporary folder left."""
+    from transformers import PreTrainedTokenizerFast
+
+    def no_space(self, *args, **kwargs):
+        raise NO_SPACE
+
+    monkeypatch.setattr(PreTrainedTokenizerFast, "save_pretrained", no_space)
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "r", "out_dir": str(tmp_path / "runs"),
+        "models": {"a": {"preset": "nano", "path": str(tmp_path / "sft" / "a")}},
+        "agents": [{"name": "solver", "role": "math_solver", "model": "a"},
+                   {"name": "verifier", "role": "math_verifier", "model": "a"}],
+        "sft": {"tokenizer_dir": str(tmp_path / "sft" / "tok"), "traces": 50, "steps": 2, "batch_size": 4}}))
+    code, _, err = _run(["sft", str(config), "--no-progress"], capsys)
+    tok = tmp_path / "sft" / "tok"
+    assert code == 1 and err == [f"drmas: {tok}: the checkpoint could not be written (No space left on device); "
+                                 "nothing was written there (the temporary folder is removed); free space and run the "
+                                 "same command again"], err
+    assert sorted(p.name for p in (tmp_path / "sft").iterdir()) == [".warmup.lock"]
+
+
+@pytest.mark.parametrize("command", ["sft", "train"])
+def test_models_sharing_a_path_with_other_roles_are_one_config_error(tmp_path, capsys, command):
+    """Two models naming one base path that they would warm up with different roles were a raw ValueError
+    traceback from ``drmas sft`` and ``drmas train``: one config error line, exit 2, no base built."""
+    config = tmp_path / "run.yaml"
+    base = tmp_path / "sft" / "a"
+    config.write_text(yaml.safe_dump({
+        "name": "r", "out_dir": str(tmp_path / "runs"),
+        "models": {"a": {"preset": "nano", "path": str(base)}, "b": {"preset": "nano", "path": str(base)}},
+        "agents": [{"name": "solver", "role": "math_solver", "model": "a"},
+                   {"name": "verifier", "role": "math_verifier", "model": "b"}],
+        "sft": {"tokenizer_dir": str(tmp_path / "sft" / "tok"), "traces": 50, "steps": 2, "batch_size": 4}}))
+    code, _, err = _run([command, str(config), "--no-progress"], capsys)
+    assert code == 2 and err == [f"drmas: models 'a' and 'b' share path {base} but would warm it up differently "
+                                 "(preset nano vs nano, roles ['math_solver'] vs ['math_verifier']); give them the "
+                                 "same `preset` and `sft_roles`, or different paths"], err
+    assert not base.exists() and not (tmp_path / "sft" / "tok").exists()
 
 
 def test_a_degenerate_run_shorter_than_ten_steps_is_flagged(tmp_path):

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Iterator, Literal
 
 import torch
 from safetensors import SafetensorError
@@ -149,6 +150,23 @@ def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+@contextmanager
+def written_folder(folder: Path) -> Iterator[Path]:
+    """:func:`drmas.io.atomic_folder` for a checkpoint or tokenizer folder: a write that fails (a full disk;
+    safetensors reports it as its own error) is one :class:`WriteFailed` naming ``folder`` and saying what was
+    kept (the temporary folder is removed)."""
+    try:
+        with atomic_folder(folder) as tmp:
+            yield tmp
+    except (OSError, SafetensorError) as exc:
+        if isinstance(exc, WriteFailed):
+            raise
+        cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
+        kept = "the previous one is unchanged" if folder.exists() else "nothing was written there"
+        raise WriteFailed(f"{folder}: the checkpoint could not be written ({cause}); {kept} (the temporary folder is "
+                          "removed); free space and run the same command again", getattr(exc, "errno", None)) from None
+
+
 def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: str | Path,
                 built_by: dict | None = None, extra_files: dict[str, str] | None = None) -> Path:
     """Write model (safetensors + config + generation config), tokenizer, ``extra_files`` (name -> text, e.g. a
@@ -160,23 +178,15 @@ def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, fold
     ``folder`` is replaced.
     """
     folder = Path(folder)
-    try:
-        with atomic_folder(folder) as tmp:
-            model.save_pretrained(str(tmp), safe_serialization=True)
-            if is_drmas_tokenizer(tokenizer):
-                save_tokenizer(tokenizer, tmp)
-            else:
-                tokenizer.save_pretrained(str(tmp))
-            for name, text in (extra_files or {}).items():
-                (tmp / name).write_text(text)
-            write_manifest(tmp, **({"built_by": built_by} if built_by else {}))
-    except (OSError, SafetensorError) as exc:  # a full disk (safetensors reports it as its own error)
-        if isinstance(exc, WriteFailed):
-            raise
-        cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
-        kept = "the previous one is unchanged" if folder.exists() else "nothing was written there"
-        raise WriteFailed(f"{folder}: the checkpoint could not be written ({cause}); {kept} (the temporary folder is "
-                          "removed); free space and run the same command again", getattr(exc, "errno", None)) from None
+    with written_folder(folder) as tmp:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        if is_drmas_tokenizer(tokenizer):
+            save_tokenizer(tokenizer, tmp)
+        else:
+            tokenizer.save_pretrained(str(tmp))
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+        write_manifest(tmp, **({"built_by": built_by} if built_by else {}))
     return folder
 
 

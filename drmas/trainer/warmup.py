@@ -26,8 +26,7 @@ from typing import Any, Iterator
 
 from drmas.agents import AgentView, make_agent
 from drmas.checkpoints import build_record, check_base_checkpoint, verify_artifact, write_manifest
-from drmas.config import RunConfig
-from drmas.io import atomic_folder
+from drmas.config import ConfigError, RunConfig
 from drmas.plugins import init_worker, loaded_plugins
 from drmas.shutdown import ctrl_c_left_to_me
 from drmas.tasks import TASK_SOURCES, TaskSource, make_task_source
@@ -77,7 +76,7 @@ def _checkpoints_to_build(cfg: RunConfig) -> dict[str, tuple[str, list[str], lis
     traces = trace_args(cfg)  # what shapes the task source's SFT traces (one record for every base)
     for key, m in cfg.models.items():
         if m.path is None:
-            raise ValueError(f"models.{key}.path: set where the warmed-up checkpoint goes")
+            raise ConfigError(f"models.{key}.path: set where the warmed-up checkpoint goes")
         if not m.preset:
             continue  # a pre-trained checkpoint (local folder or hub id) loaded as it is
         roles = model_roles(cfg, key)
@@ -88,9 +87,9 @@ def _checkpoints_to_build(cfg: RunConfig) -> dict[str, tuple[str, list[str], lis
         if m.path in plan:
             preset, other_roles, keys = plan[m.path]
             if (preset, sorted(other_roles)) != (m.preset, sorted(roles)):
-                raise ValueError(f"models {keys[0]!r} and {key!r} share path {m.path} but would warm it up "
-                                 f"differently (preset {preset} vs {m.preset}, roles {other_roles} vs {roles}); "
-                                 "give them the same `preset` and `sft_roles`, or different paths")
+                raise ConfigError(f"models {keys[0]!r} and {key!r} share path {m.path} but would warm it up "
+                                  f"differently (preset {preset} vs {m.preset}, roles {other_roles} vs {roles}); "
+                                  "give them the same `preset` and `sft_roles`, or different paths")
             keys.append(key)
         else:
             plan[m.path] = (m.preset, roles, [key])
@@ -119,6 +118,7 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
 
 
 def _warmup_locked(cfg: RunConfig, progress: bool) -> dict[str, Any]:
+    from drmas.models.factory import written_folder
     from drmas.models.sft import SFTConfig
     from drmas.models.tokenizer import save_tokenizer, train_bytelevel_bpe
 
@@ -135,7 +135,7 @@ def _warmup_locked(cfg: RunConfig, progress: bool) -> dict[str, Any]:
         all_roles = sorted({r for rec in records if (r := source.agent_role_of(rec))})
         texts = [p + t for p, t in render_examples(records, all_roles, source)]
         tokenizer = train_bytelevel_bpe(texts, vocab_size=sft.vocab_size)
-        with atomic_folder(tok_dir) as tmp:  # an existing tok_dir is a crashed attempt's leftover (no tokenizer.json)
+        with written_folder(tok_dir) as tmp:  # an existing tok_dir is a crashed attempt's leftover (no tokenizer.json)
             save_tokenizer(tokenizer, tmp)
             write_manifest(tmp)
     else:
