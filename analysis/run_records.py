@@ -201,8 +201,15 @@ def load_run(root: Path, entry: dict[str, Any]) -> RunRecords:
     steps = _step_frame(run, records)
     eval_rows = _eval_rows(run, evals)
     row["problem"] = _usability_problem(row, config, has_steps=steps is not None, has_evals=bool(eval_rows))
-    if settings := settings_problems(run_dir, entry, manifest, tags_from_manifest(manifest, run)):
-        row["problem"] = "; ".join([*([row["problem"]] if row["problem"] else []), *settings, SETTINGS_NOT_USED])
+    settings = settings_problems(run_dir, entry, manifest, tags_from_manifest(manifest, run))
+    not_used = SETTINGS_NOT_USED
+    if settings and (run_dir / "manifest.json").exists() and not isinstance(manifest.get("config"), dict):
+        try:  # the file's own fault, named as the loader names it: unreadable, or no config in it
+            run_manifest(run_dir)
+        except GridLoadError as exc:
+            settings, not_used = [str(exc)], "not used (its settings cannot be read)"
+    if settings:
+        row["problem"] = "; ".join([*([row["problem"]] if row["problem"] else []), *settings, not_used])
     row["usable"] = not row["problem"]
     degraded = degraded_note(run, records, evals)  # usable, but REPORT.md says where rewards count tool failures
     notes = tuple(n for n in (degraded, *_run_notes(run, run_dir, manifest)) if n)

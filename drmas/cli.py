@@ -162,6 +162,13 @@ def _eval_config(args: argparse.Namespace):
         raise ConfigDrift(f"run folder {run_dir} was trained with other plug-in code ({'; '.join(changes)}); its "
                           "evaluation would be reported for code that did not train it. Restore the plug-in's "
                           "source (and the modules it loads), or train a new run with this code")
+    missing = {key: m.path for key, m in cfg.models.items() if m.path is not None and not Path(m.path).exists()}
+    if missing:
+        key, path = next(iter(missing.items()))
+        raise ConfigError(f"model {key!r}: path {path!r} (from {run_dir / 'config.yaml'}) does not exist from the "
+                          f"working directory {Path.cwd()}; a relative path resolves there. Fix: run drmas eval from "
+                          "the directory the run was trained in (the repository root for the shipped configs), or "
+                          f"pass models.{key}.path=ABSOLUTE_PATH")
     recorded = (read_json_object(run_dir / "manifest.json") or {}).get("model_shapes")
     if not isinstance(recorded, dict):  # a run recorded before its manifest held the shapes: its config's models
         recorded = model_shapes(load_config(run_dir / "config.yaml", place))

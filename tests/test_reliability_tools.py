@@ -79,6 +79,18 @@ def test_eval_checks_the_model_shapes_before_loading_the_checkpoint(finished, ca
                              "checkpoint (hidden_size 64 -> 128")
 
 
+def test_eval_from_another_working_directory_names_the_relative_model_path(finished, capsys, monkeypatch, tmp_path):
+    """The shipped configs name their bases by paths relative to the repository root; ``drmas eval RUN`` from another
+    directory was a raw ValueError from the worker: one line naming the model, its path and the fix."""
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.name for p in finished.iterdir())
+    code, _, err = _run(["eval", str(finished)], capsys)
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("drmas: model 'verifier_model': path 'results/sft/search/base_nano' (from ") and \
+        f"does not exist from the working directory {tmp_path}" in err[0] and "ABSOLUTE_PATH" in err[0], err
+    assert sorted(p.name for p in finished.iterdir()) == before
+
+
 def test_eval_applies_the_memory_preflight_of_drmas_train(finished, capsys, monkeypatch):
     """``train.eval_samples`` of 1e8 skipped the memory preflight that ``drmas train`` applies and ran until the
     process was killed for memory: one line with the estimate and the limit, before any model is loaded (the
@@ -408,3 +420,21 @@ def _cmdline(process: psutil.Process) -> list[str]:
         return process.cmdline()
     except psutil.Error:
         return []
+
+
+def test_a_garbled_manifest_in_a_run_folder_drmas_train_wrote_is_named_as_unreadable(tmp_path):
+    """A run folder ``drmas train`` wrote (config.yaml beside its manifest) with a garbled manifest.json was left out
+    as "records no config": the wrong fault. It is left out as unreadable, the file and the parser's message named."""
+    import shutil
+
+    from analysis.runs import load_grid
+
+    grid = tmp_path / "g"
+    shutil.copytree(ROOT / "results/runs/stability_confirm", grid, ignore=shutil.ignore_patterns("checkpoints", "tb"))
+    victim = sorted(p for p in grid.iterdir() if (p / "config.yaml").exists())[0]
+    (victim / "manifest.json").write_text("{ not json")
+    runs = load_grid(grid).runs.set_index("run")
+    problem = runs.loc[victim.name, "problem"]
+    assert not runs.loc[victim.name, "usable"]
+    assert problem.startswith(f"{victim / 'manifest.json'}: unreadable (Expecting property name") and \
+        problem.endswith("not used (its settings cannot be read)"), problem
