@@ -46,6 +46,13 @@ from drmas.workers.base import UpdateBatch, WorkerSpec
 logger = logging.getLogger(__name__)
 
 
+def worker_specs(cfg: RunConfig) -> dict[str, WorkerSpec]:
+    """The run's worker groups (one per model key) as its backend builds them."""
+    return {key: WorkerSpec(key, m, cfg.effective_optim(key), cfg.algo, seed=cfg.train.seed + i,
+                            threads=cfg.train.threads, device=cfg.train.device, precision=cfg.train.precision)
+            for i, (key, m) in enumerate(cfg.models.items())}
+
+
 def _sampling(cfg) -> SamplingParams:
     return SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens)
 
@@ -74,10 +81,7 @@ class Trainer:
                                                           top_k=ev.top_k)) for k, s in self.slots.items()}
         for path, key in {m.path: key for key, m in reversed(cfg.models.items()) if m.path}.items():
             verify_artifact(path, f"models.{key}.path", required=cfg.train.verify_artifacts)  # before any is loaded
-        specs = {key: WorkerSpec(key, m, cfg.effective_optim(key), cfg.algo, seed=cfg.train.seed + i,
-                                 threads=cfg.train.threads, device=cfg.train.device, precision=cfg.train.precision)
-                 for i, (key, m) in enumerate(cfg.models.items())}
-        self.backend = make_backend(cfg.train.backend, specs)
+        self.backend = make_backend(cfg.train.backend, worker_specs(cfg))
         self.capabilities = BACKENDS.get(cfg.train.backend).capabilities
         self.checkpoints = RunCheckpoints(self.run_dir, verify=cfg.train.verify_artifacts,
                                           keep_previous=cfg.train.keep_previous_checkpoint)
