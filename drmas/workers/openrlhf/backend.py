@@ -664,21 +664,20 @@ class OpenRLHFBackend:
         :class:`CheckpointDamaged`. Its states must be on the device (:meth:`_with_states`)."""
         import ray
 
-        tag = state["tag"]
+        tag, where = state["tag"], f"{self.specs[key].model.resources.checkpoint_dir}/{key}/_actor"
         try:
             results = self._run(key, "drmas_load_checkpoint", tag=tag)
         except ray.exceptions.RayTaskError as exc:  # a truncated or unreadable file: the rank's error, through Ray
             cause = getattr(exc, "cause", None) or exc
-            raise CheckpointDamaged(f"model {key!r}: the DeepSpeed checkpoint {tag!r} under "
-                                    f"{state['deepspeed_checkpoint']} does not load ({type(cause).__name__}: "
-                                    f"{str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}); restore "
-                                    "the files DeepSpeed wrote, or delete the run's checkpoints") from None
+            detail = str(cause).strip().splitlines()[-1] if str(cause).strip() else ""
+            raise CheckpointDamaged(f"model {key!r}: the DeepSpeed checkpoint {tag!r} under {where} does not load "
+                                    f"({type(cause).__name__}: {detail}); restore the files DeepSpeed wrote, or delete "
+                                    "the run's checkpoints to start from step 0") from None
         refused = next((r for r in results if isinstance(r, str)), None)
         if refused is not None:
             raise CheckpointDamaged(refused)
         if not all(results):
-            raise CheckpointDamaged(f"model {key!r}: no DeepSpeed checkpoint {tag!r} under "
-                                    f"{state['deepspeed_checkpoint']}")
+            raise CheckpointDamaged(f"model {key!r}: no DeepSpeed checkpoint {tag!r} under {where}")
 
     def set_states(self, states: dict[str, dict]) -> None:
         for key, state in states.items():
