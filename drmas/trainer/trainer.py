@@ -24,7 +24,7 @@ from drmas.about import git_commit
 from drmas.agents import make_agent
 from drmas.algos import SpikeDetector, compute_advantages, step_classes
 from drmas.checkpoints import verify_artifact
-from drmas.config import RunConfig, dump_config
+from drmas.config import RunConfig, config_record, dump_config
 from drmas.config.identity import identity_record
 from drmas.io import atomic_write_json, atomic_write_text, read_json_object
 from drmas.devices import cpu_identity, describe, resolve_device
@@ -85,7 +85,7 @@ class Trainer:
         self.capabilities = BACKENDS.get(cfg.train.backend).capabilities
         self.checkpoints = RunCheckpoints(self.run_dir, verify=cfg.train.verify_artifacts,
                                           keep_previous=cfg.train.keep_previous_checkpoint)
-        self.sink = MetricsSink(self.run_dir, cfg.train.loggers, name=cfg.name, config=cfg.model_dump(mode="json"))
+        self.sink = MetricsSink(self.run_dir, cfg.train.loggers, name=cfg.name, config=config_record(cfg))
         self.spikes = {name: SpikeDetector() for name in [*cfg.models, *agent_names]}
         self.invalid_penalties = cfg.invalid_penalties()
         self.consecutive_nonfinite = 0
