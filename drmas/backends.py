@@ -54,10 +54,11 @@ class BackendEntry:
     target: str
     capabilities: Capabilities
 
-    def build(self, specs: dict[str, Any]) -> Any:
-        """An instance of the class at ``target`` for the worker groups ``specs`` (``WorkerSpec`` by key)."""
+    def build(self, specs: dict[str, Any], **options: Any) -> Any:
+        """An instance of the class at ``target`` for the worker groups ``specs`` (``WorkerSpec`` by key), with
+        the class's keyword ``options``."""
         module, _, name = self.target.partition(":")
-        return getattr(importlib.import_module(module), name)(specs)
+        return getattr(importlib.import_module(module), name)(specs, **options)
 
 
 BACKENDS: Registry[BackendEntry] = Registry("backend (train.backend)")

@@ -494,6 +494,21 @@ def test_build_args_nests_and_rejects_unknown_options():
         api.build_args({"actor.no_such": 1}, {"actor.adam.lr": 1e-6})
 
 
+def test_a_run_folders_deepspeed_states_follow_the_folder_and_an_explicit_place_is_kept(tmp_path):
+    """``config.yaml`` leaves the derived DeepSpeed folder out: loaded from where the run folder is now (moved or
+    copied), it points into that folder, not the one it was trained in; a place the config names is kept."""
+    from drmas.config import dump_config, load_config
+
+    base = ["train.backend=openrlhf", "models.shared.preset=null", "models.shared.path=org/m",
+            "agents=[{name: solver, role: math_solver, model: shared}, {name: verifier, role: math_verifier, "
+            "model: shared}]", f"out_dir={tmp_path / 'a'}", "name=run"]
+    for extra, where in [([], tmp_path / "b" / "run" / "checkpoints" / "deepspeed"),
+                         ([f"models.shared.resources.checkpoint_dir={tmp_path / 'scratch'}"], tmp_path / "scratch")]:
+        (tmp_path / "config.yaml").write_text(dump_config(load_config(None, base + extra)))
+        moved = load_config(tmp_path / "config.yaml", [f"out_dir={tmp_path / 'b'}", "name=run"])
+        assert moved.models["shared"].resources.checkpoint_dir == str(where)
+
+
 def test_worker_groups_need_a_checkpoint_and_consistent_config():
     from drmas.config import ConfigError, load_config
 

@@ -8,7 +8,7 @@
 ``from drmas.config import ...`` is the import path for all of them.
 """
 from drmas.config.errors import ConfigError
-from drmas.config.loader import dump_config, load_config, parse_override
+from drmas.config.loader import config_record, dump_config, load_config, parse_override
 from drmas.config.schema import (
     DATA_SUFFIXES,
     AgentConfig,
@@ -24,6 +24,6 @@ from drmas.config.schema import (
     TrainConfig,
 )
 
-__all__ = ["ConfigError", "dump_config", "load_config", "parse_override", "DATA_SUFFIXES", "AgentConfig", "AlgoConfig",
+__all__ = ["ConfigError", "config_record", "dump_config", "load_config", "parse_override", "DATA_SUFFIXES", "AgentConfig", "AlgoConfig",
            "EnvConfig", "ModelConfig", "OptimConfig", "ResourcesConfig", "RolloutEngineConfig", "RunConfig",
            "SamplingConfig", "SFTSection", "TrainConfig"]

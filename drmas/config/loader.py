@@ -191,5 +191,17 @@ def validate_config(data: dict[str, Any], source: str, plugins: Sequence[str] = 
         raise ConfigError(format_validation_error(err, source)) from None
 
 
+def config_record(cfg: RunConfig) -> dict[str, Any]:
+    """``cfg`` as a run records it (``config.yaml``, the loggers' copy); a derived DeepSpeed checkpoint folder is
+    left out (null), so loading it derives it from where the run folder is then
+    (:meth:`RunConfig.default_checkpoint_dir`)."""
+    data = cfg.model_dump(mode="json")
+    for model in data["models"].values():
+        if model["resources"]["checkpoint_dir"] == cfg.default_checkpoint_dir():
+            model["resources"]["checkpoint_dir"] = None
+    return data
+
+
 def dump_config(cfg: RunConfig) -> str:
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    """``cfg`` as a run's ``config.yaml`` (:func:`config_record`)."""
+    return yaml.safe_dump(config_record(cfg), sort_keys=False)

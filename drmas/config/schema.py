@@ -446,8 +446,14 @@ class RunConfig(Strict):
         self._check_slots()
         for m in self.models.values():  # derived: each run keeps its DeepSpeed states in its own directory
             if m.resources.checkpoint_dir is None:
-                m.resources.checkpoint_dir = str(self.run_dir / "checkpoints" / "deepspeed")
+                m.resources.checkpoint_dir = self.default_checkpoint_dir()
         return self
+
+    def default_checkpoint_dir(self) -> str:
+        """Where the worker groups' DeepSpeed states go unless ``models.<m>.resources.checkpoint_dir`` says: the run
+        folder's ``checkpoints/deepspeed``. Derived from where the folder is, so ``config.yaml`` does not hold it
+        (:func:`drmas.config.dump_config`): a moved or copied run folder resumes and exports its own states."""
+        return str(self.run_dir / "checkpoints" / "deepspeed")
 
     def _check_learning_rates(self) -> None:
         """Every learning rate within :data:`LR_RANGE`, unless ``train.allow_unusual_lr``."""

@@ -9,10 +9,16 @@ the sha256 manifest; and ``drmas_export.json`` (what was exported, from which ch
 
 What is refused, with one line and before anything is written: a folder that is not a run folder, a run in progress
 (its lock is held), a checkpoint without a manifest (unverified), one that fails verification or holds a pickled
-object (:meth:`RunCheckpoints.load`), a run killed while checkpointing (``drmas train`` recovers it on resume),
-an openrlhf run (its worker state points to a DeepSpeed checkpoint, which this command does not read yet), and a ``--out`` folder that holds something other than an earlier export. ``DIR`` is written
-in a temporary folder beside it and renamed into place (:func:`drmas.io.atomic_folder`): a reader sees the whole
-export or the previous one.
+object (:meth:`RunCheckpoints.load`), a run killed while checkpointing (``drmas train`` recovers it on resume), and a
+``--out`` folder that holds something other than an earlier export. ``DIR`` is written in a temporary folder beside
+it and renamed into place (:func:`drmas.io.atomic_folder`): a reader sees the whole export or the previous one.
+
+The weights. A worker state of the local and ray backends holds its model's weights. One of the openrlhf backend
+points to the group's DeepSpeed checkpoint instead: the backend, built without rollout engines, loads it into the
+group's ranks with every file read weights-only (a file holding another pickled object, or one that does not load,
+is refused with one line) and saves the model by OpenRLHF's own ``save_model``
+(:meth:`~drmas.workers.openrlhf.backend.OpenRLHFBackend.save_checkpoint_models`), which transformers reads back; from
+there both take the same path.
 
 The tokenizer. ``AutoTokenizer`` on a folder whose ``config.json`` says ``qwen2`` builds ``Qwen2Tokenizer``, which
 rebuilds its own pipeline with an NFC normalizer that drmas's tokenizer does not have (other ids for text not in
@@ -67,15 +73,11 @@ def export_run(run_dir: str | Path, out: str | Path | None = None) -> dict[str, 
         checkpoints = RunCheckpoints(run_dir)
         step = _verified_step(checkpoints)
         _, states = checkpoints.load(list(cfg.models))
-        for key, state in states.items():
-            if "model" not in state:
-                raise ConfigError(f"{checkpoints.latest / f'worker_{key}.pt'} points to a DeepSpeed checkpoint "
-                                  f"(train.backend={cfg.train.backend}); drmas export reads the checkpoints of the "
-                                  "local and ray backends, not yet the openrlhf backend's")
         evals = _evaluations(run_dir, step)
         identity = (read_json_object(run_dir / "manifest.json") or {}).get("config_hash") or config_hash(cfg)
         with atomic_folder(out) as tmp:
-            folders = {key: _export_model(cfg, key, states[key]["model"], tmp / key,
+            weights = trained_weights(cfg, states, tmp)
+            folders = {key: _export_model(cfg, key, weights[key], tmp / key,
                                           lambda arch, key=key: model_card(cfg, key, step, identity, evals, arch))
                        for key in cfg.models}
             record = {"run_dir": str(run_dir), "step": step, "config_hash": identity,
@@ -84,6 +86,31 @@ def export_run(run_dir: str | Path, out: str | Path | None = None) -> dict[str, 
             (tmp / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     logger.info("exported step %d of %s -> %s (%s)", step, run_dir, out, ", ".join(cfg.models))
     return {key: out / key for key in cfg.models}
+
+
+def trained_weights(cfg: RunConfig, states: dict[str, Any], scratch: Path) -> dict[str, dict[str, Any]]:
+    """Each model's trained weights (full names, CPU tensors) from the run's worker ``states``: their own, or
+    where they point to the backend's checkpoints (openrlhf: DeepSpeed's), the models the backend saves from
+    those, in a temporary folder under ``scratch`` (module docstring)."""
+    if all("model" in state for state in states.values()):
+        return {key: state["model"] for key, state in states.items()}
+    import tempfile
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from drmas.trainer.trainer import worker_specs
+    from drmas.workers.base import make_backend
+
+    backend = make_backend(cfg.train.backend, worker_specs(cfg), rollout=False)
+    try:
+        with tempfile.TemporaryDirectory(prefix=".backend-save-", dir=scratch) as saved:
+            folders = backend.save_checkpoint_models(states, saved)
+            return {key: AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
+                                                              trust_remote_code=cfg.models[key].trust_remote_code)
+                    .state_dict() for key, folder in folders.items()}
+    finally:
+        backend.close()
 
 
 def _verified_step(checkpoints: RunCheckpoints) -> int:

@@ -24,7 +24,7 @@ from drmas.about import git_commit
 from drmas.agents import make_agent
 from drmas.algos import SpikeDetector, compute_advantages, step_classes
 from drmas.checkpoints import verify_artifact
-from drmas.config import RunConfig, dump_config
+from drmas.config import RunConfig, config_record, dump_config
 from drmas.config.identity import identity_record
 from drmas.io import atomic_write_json, atomic_write_text, read_json_object
 from drmas.devices import cpu_identity, describe, resolve_device
@@ -44,6 +44,13 @@ from drmas.backends import BACKENDS
 from drmas.workers.base import UpdateBatch, WorkerSpec
 
 logger = logging.getLogger(__name__)
+
+
+def worker_specs(cfg: RunConfig) -> dict[str, WorkerSpec]:
+    """The run's worker groups (one per model key) as its backend builds them."""
+    return {key: WorkerSpec(key, m, cfg.effective_optim(key), cfg.algo, seed=cfg.train.seed + i,
+                            threads=cfg.train.threads, device=cfg.train.device, precision=cfg.train.precision)
+            for i, (key, m) in enumerate(cfg.models.items())}
 
 
 def _sampling(cfg) -> SamplingParams:
@@ -74,14 +81,11 @@ class Trainer:
                                                           top_k=ev.top_k)) for k, s in self.slots.items()}
         for path, key in {m.path: key for key, m in reversed(cfg.models.items()) if m.path}.items():
             verify_artifact(path, f"models.{key}.path", required=cfg.train.verify_artifacts)  # before any is loaded
-        specs = {key: WorkerSpec(key, m, cfg.effective_optim(key), cfg.algo, seed=cfg.train.seed + i,
-                                 threads=cfg.train.threads, device=cfg.train.device, precision=cfg.train.precision)
-                 for i, (key, m) in enumerate(cfg.models.items())}
-        self.backend = make_backend(cfg.train.backend, specs)
+        self.backend = make_backend(cfg.train.backend, worker_specs(cfg))
         self.capabilities = BACKENDS.get(cfg.train.backend).capabilities
         self.checkpoints = RunCheckpoints(self.run_dir, verify=cfg.train.verify_artifacts,
                                           keep_previous=cfg.train.keep_previous_checkpoint)
-        self.sink = MetricsSink(self.run_dir, cfg.train.loggers, name=cfg.name, config=cfg.model_dump(mode="json"))
+        self.sink = MetricsSink(self.run_dir, cfg.train.loggers, name=cfg.name, config=config_record(cfg))
         self.spikes = {name: SpikeDetector() for name in [*cfg.models, *agent_names]}
         self.invalid_penalties = cfg.invalid_penalties()
         self.consecutive_nonfinite = 0

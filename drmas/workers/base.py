@@ -97,9 +97,9 @@ class Backend(Protocol):
         ...
 
 
-def make_backend(name: str, specs: dict[str, WorkerSpec]) -> Backend:
-    """Build the registered backend ``name`` for the worker groups ``specs``."""
-    return BACKENDS.get(name).build(specs)
+def make_backend(name: str, specs: dict[str, WorkerSpec], **options: Any) -> Backend:
+    """Build the registered backend ``name`` for the worker groups ``specs`` (``options``: its class's keywords)."""
+    return BACKENDS.get(name).build(specs, **options)
 
 
 def ray_get(key: str, refs: Any) -> Any:

@@ -32,7 +32,9 @@ backends):
 
 Checkpoints: ``get_states`` writes DeepSpeed checkpoints (model, optimizer, scheduler) of every group to
 ``resources.checkpoint_dir/<model key>`` and returns their location; ``set_states`` loads them and
-refreshes the engines. ``save_models`` writes Hugging Face checkpoints. A dead actor raises ``WorkerDied``;
+refreshes the engines. ``save_models`` writes Hugging Face checkpoints (OpenRLHF's own ``save_model``);
+``save_checkpoint_models`` writes those of a run's DeepSpeed checkpoints, on a backend built without rollout
+engines (``drmas export``, :mod:`drmas.trainer.export`). A dead actor raises ``WorkerDied``;
 this backend cannot ``restart`` (its capabilities say so), so the trainer stops with its last checkpoint
 named, and starting the same command again resumes from it.
 """
@@ -500,7 +502,8 @@ class OpenRLHFBackend:
     verify_sync = False
     """Verify mode (module docstring): the sync check after every push to vLLM engines."""
 
-    def __init__(self, specs: dict[str, WorkerSpec], verify_sync: bool | None = None):
+    def __init__(self, specs: dict[str, WorkerSpec], verify_sync: bool | None = None, rollout: bool = True):
+        """``rollout=False``: the actor groups only, no rollout engine (:meth:`save_checkpoint_models`)."""
         import ray
         from ray.util.placement_group import placement_group
 
@@ -533,7 +536,7 @@ class OpenRLHFBackend:
         defaults = api.cli_defaults()
         self.clients: dict[str, RayEnginesClient] = {}
         self.engines: dict[str, Any] = {}
-        for key, spec in self.specs.items():  # engines first: they profile GPU memory while it is free
+        for key, spec in self.specs.items() if rollout else ():  # engines first: they profile GPU memory while free
             if spec.model.rollout.engine != "vllm":
                 self.engines[key] = driver_engine(spec)
                 continue
@@ -655,23 +658,48 @@ class OpenRLHFBackend:
                         "tag": CHECKPOINT_TAG}
         return out
 
+    def _load_checkpoint(self, key: str, state: dict) -> None:
+        """Group ``key``'s DeepSpeed checkpoint (``state``, as :meth:`get_states` returned it) into its ranks, every
+        file read weights-only; one the ranks cannot read, or that holds another pickled object, is
+        :class:`CheckpointDamaged`. Its states must be on the device (:meth:`_with_states`)."""
+        import ray
+
+        tag, where = state["tag"], f"{self.specs[key].model.resources.checkpoint_dir}/{key}/_actor"
+        try:
+            results = self._run(key, "drmas_load_checkpoint", tag=tag)
+        except ray.exceptions.RayTaskError as exc:  # a truncated or unreadable file: the rank's error, through Ray
+            cause = getattr(exc, "cause", None) or exc
+            detail = str(cause).strip().splitlines()[-1] if str(cause).strip() else ""
+            raise CheckpointDamaged(f"model {key!r}: the DeepSpeed checkpoint {tag!r} under {where} does not load "
+                                    f"({type(cause).__name__}: {detail}); restore the files DeepSpeed wrote, or delete "
+                                    "the run's checkpoints to start from step 0") from None
+        refused = next((r for r in results if isinstance(r, str)), None)
+        if refused is not None:
+            raise CheckpointDamaged(refused)
+        if not all(results):
+            raise CheckpointDamaged(f"model {key!r}: no DeepSpeed checkpoint {tag!r} under {where}")
+
     def set_states(self, states: dict[str, dict]) -> None:
         for key, state in states.items():
-            def load(key: str = key, tag: str = state["tag"]) -> None:
-                results = self._run(key, "drmas_load_checkpoint", tag=tag)
-                refused = next((r for r in results if isinstance(r, str)), None)
-                if refused is not None:
-                    raise CheckpointDamaged(refused)
-                if not all(results):
-                    raise RuntimeError(f"model {key!r}: no DeepSpeed checkpoint {tag!r} under "
-                                       f"{state['deepspeed_checkpoint']}")
+            def load(key: str = key, state: dict = state) -> None:
+                self._load_checkpoint(key, state)
                 self._push_weights(key)
 
             self._with_states(key, load)
 
     def save_models(self, folder: str) -> dict[str, str]:
+        """Each group's model as OpenRLHF saves it (its strategy's ``save_model``: the unwrapped model's
+        ``save_pretrained``, ZeRO-3 parameters gathered, in the actor's dtype) under ``folder/<key>``."""
         return {key: self._with_states(key, lambda key=key: self._run(key, "drmas_save_hf", folder=f"{folder}/{key}")[0])
                 for key in self.specs}
+
+    def save_checkpoint_models(self, states: dict[str, dict], folder: str) -> dict[str, str]:
+        """The models of the DeepSpeed checkpoints ``states`` (as :meth:`get_states` returned them), loaded
+        weights-only into the groups' ranks and saved by :meth:`save_models` under ``folder/<key>``
+        (``drmas export``; a backend built with ``rollout=False`` needs no engine)."""
+        for key, state in states.items():
+            self._with_states(key, lambda key=key, state=state: self._load_checkpoint(key, state))
+        return self.save_models(folder)
 
     def close(self) -> None:
         import ray
