@@ -203,8 +203,8 @@ def load_run(root: Path, entry: dict[str, Any]) -> RunRecords:
     row["problem"] = _usability_problem(row, config, has_steps=steps is not None, has_evals=bool(eval_rows))
     settings = settings_problems(run_dir, entry, manifest, tags_from_manifest(manifest, run))
     not_used = SETTINGS_NOT_USED
-    if settings and (run_dir / "manifest.json").exists() and not isinstance(manifest.get("config"), dict):
-        try:  # the file's own fault, named as the loader names it: unreadable, or no config in it
+    if settings and (run_dir / "manifest.json").exists() and not manifest:
+        try:  # a manifest that does not read: named as the loader names it
             run_manifest(run_dir)
         except GridLoadError as exc:
             settings, not_used = [str(exc)], "not used (its settings cannot be read)"
