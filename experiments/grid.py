@@ -99,6 +99,8 @@ class Grid:
     sft: list[str]
     runs: list[Run]
     requires_gpu: bool = False
+    twins_together: bool = False
+    """start twins side by side (:func:`unstarted_twins`)"""
 
 
 class GridError(ValueError):
@@ -163,7 +165,7 @@ def load_grid(path: str | Path, seeds: int | None = None) -> Grid:
     if not path.is_file():
         raise GridError(f"grid spec {path} does not exist")
     spec = yaml.safe_load(path.read_text()) or {}
-    unknown = set(spec) - {"name", "out_dir", "sft", "runs", "requires_gpu", "defaults"}
+    unknown = set(spec) - {"name", "out_dir", "sft", "runs", "requires_gpu", "defaults", "twins_together"}
     if unknown:
         raise GridError(f"{path}: unknown top-level keys {sorted(unknown)}")
     defaults = spec.get("defaults", {})
@@ -186,7 +188,8 @@ def load_grid(path: str | Path, seeds: int | None = None) -> Grid:
     if dupes:
         raise GridError(f"{path}: duplicate run names {dupes}; give each entry a unique name")
     return Grid(name=spec.get("name", path.stem), out_dir=Path(spec.get("out_dir", f"results/runs/{path.stem}")),
-                sft=list(spec.get("sft", [])), runs=runs, requires_gpu=bool(spec.get("requires_gpu", False)))
+                sft=list(spec.get("sft", [])), runs=runs, requires_gpu=bool(spec.get("requires_gpu", False)),
+                twins_together=spec.get("twins_together", False) is True)
 
 
 def sweep_grid(config: str, sets: list[str], seeds: int, name: str, out: str) -> Grid:
@@ -551,6 +554,23 @@ def _run_grid(grid: Grid, options: GridOptions) -> dict[str, str]:
     return failed
 
 
+TWIN_FREE_TAGS = ("estimator", "entry")
+"""The tags in which twins differ: the same cell and seed under another estimator."""
+
+
+def unstarted_twins(grid: Grid, run: Run, queue: list[Run]) -> list[Run]:
+    """The twins of ``run`` waiting in ``queue`` when neither it nor any of them has started (no ``metrics.jsonl``):
+    they must start together, so that every twin draws its step-0 rollout in the same sitting on the same machine
+    (floating-point results depend on the CPU: docs/frontier.md, "Twins"). Empty where the grid does not ask for
+    it, or where one of them started in an earlier sitting (then nothing is gained by waiting)."""
+    if not grid.twins_together:
+        return []
+    key = lambda r: sorted((k, str(v)) for k, v in r.tags.items() if k not in TWIN_FREE_TAGS)  # noqa: E731
+    mates = [r for r in queue if r is not run and key(r) == key(run)]
+    started = any((grid.out_dir / r.name / "metrics.jsonl").exists() for r in (run, *mates))
+    return [] if started else mates
+
+
 def _run_todo(grid: Grid, todo: list[Run], lanes: Lanes) -> dict[str, str]:
     """Run ``todo`` on ``lanes`` (warm-ups first); returns run name -> error for the runs that failed."""
     jobs, gpus, launcher = lanes.jobs, lanes.gpus, lanes.launcher
@@ -585,7 +605,14 @@ def _run_todo(grid: Grid, todo: list[Run], lanes: Lanes) -> dict[str, str]:
                     raise RuntimeError(f"runs {missing} ... start from checkpoints that no warm-up builds; add their "
                                        "config to the grid's `sft` list or fix the model paths")
                 break
+            mates = unstarted_twins(grid, ready, queue)
+            free = jobs - len(running) - len(warming)
+            if mates and free < 1 + len(mates) and jobs >= 1 + len(mates):
+                break  # a lane waits for its twin's lane: twins start side by side
             queue.remove(ready)
+            for mate in reversed(mates):  # the twins go next, on the lanes that are free now
+                queue.remove(mate)
+                queue.insert(0, mate)
             if (holder := live_holder(grid.out_dir / ready.name)) is not None:
                 held.append(ready)
                 logger.warning("[grid] %s is being run by %s; waiting for it (not started twice, not failed)",

@@ -346,3 +346,32 @@ def test_grid_on_a_local_ray_head_runs_two_runs_at_once(tmp_path):
     finally:
         ray.shutdown()
 
+
+def test_twins_start_side_by_side_when_the_spec_asks(tmp_path):
+    """With ``twins_together``, a lane freed while the other still runs waits, and the next twin pair starts on two
+    lanes at once; without it the first twin starts alone. The launcher runs ``sleep`` in place of training (the
+    scheduling is what is tested; the mini grid tests train for real)."""
+    from experiments.grid import Grid, Lanes, LocalLauncher, Run, _run_todo, unstarted_twins
+
+    class Sleeper(LocalLauncher):
+        def __init__(self):
+            self.started: dict[str, float] = {}
+
+        def start(self, cmd, log, env):
+            name = next(a.split("=", 1)[1] for a in cmd if a.startswith("name="))
+            self.started[name] = time.perf_counter()
+            return subprocess.Popen(["sleep", "0.1" if name == "a_grpo_s0" else "5"])
+
+    def runs():
+        tag = lambda cell, est: {"task": "search", "level": cell, "estimator": est}  # noqa: E731
+        return [Run(f"{cell}_{e}_s0", "experiments/configs/cpu/search_base.yaml", [], 0, tag(cell, est))
+                for cell in ("a", "b") for e, est in (("grpo", "trajectory_grpo"), ("drmas", "drmas"))]
+
+    gaps = {}
+    for together in (False, True):
+        grid = Grid("twins", tmp_path / f"runs_{together}", [], runs(), twins_together=together)
+        launcher = Sleeper()
+        assert _run_todo(grid, list(grid.runs), Lanes(jobs=2, gpus=0, device="auto", launcher=launcher)) == {}
+        gaps[together] = abs(launcher.started["b_drmas_s0"] - launcher.started["b_grpo_s0"])
+        assert unstarted_twins(grid, grid.runs[2], grid.runs[3:]) == ([grid.runs[3]] if together else [])
+    assert gaps[True] < 0.5 < 2.5 < gaps[False]
