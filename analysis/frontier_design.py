@@ -39,6 +39,11 @@ LOW_P, HIGH_P = 0.1, 0.9
 MIN_LEVELS, MAX_LEVELS = 5, 8
 
 
+def bootstrap_p(count: int, draws: int) -> float:
+    """A bootstrap tail probability from ``count`` of ``draws`` draws, (1 + count) / (draws + 1): never 0."""
+    return (1 + count) / (draws + 1)
+
+
 def ladder_level(j: int) -> float:
     """The j-th quarter-octave level, rounded to 3 significant digits (the value a config carries)."""
     return float(f"{LADDER_BASE * 2 ** (j / 4):.3g}")
@@ -77,7 +82,7 @@ class Frontier:
 
     def p_above_zero(self) -> float:
         """One-sided bootstrap p of "Δ > 0" (Dr. MAS's frontier above GRPO's): (1 + #{Δ* <= 0}) / (B + 1)."""
-        return (1 + int((self.draws <= 0).sum())) / (len(self.draws) + 1)
+        return bootstrap_p(int((self.draws <= 0).sum()), len(self.draws))
 
 
 def frontier(x_grpo: np.ndarray, y_grpo: np.ndarray, x_drmas: np.ndarray, y_drmas: np.ndarray,

@@ -16,7 +16,7 @@ import pandas as pd
 from drmas.algos.catalog import DRMAS, GRPO
 
 from analysis.events import PERSIST, collapse_event, declared_agents, finished, longest_streak, reward_flag, steps_of
-from analysis.frontier_design import Frontier, frontier
+from analysis.frontier_design import Frontier, bootstrap_p, frontier
 from analysis.run_records import run_manifest
 from analysis.runs import GridData
 from analysis.stats import ALPHA, holm, lognormal_aft
@@ -112,8 +112,7 @@ def interaction(shared: Frontier, nonsharing: Frontier) -> dict[str, float]:
     by index) and the two-sided p = 2 · min(P(I* <= 0), P(I* >= 0)), at most 1, each P counted as C6-n's one-sided p
     is, (1 + #) / (B + 1), so that B draws never give p = 0."""
     d = shared.draws - nonsharing.draws
-    tail = lambda k: (1 + int(k)) / (len(d) + 1)  # noqa: E731
-    p = min(1.0, 2 * min(tail((d <= 0).sum()), tail((d >= 0).sum())))
+    p = min(1.0, 2 * min(bootstrap_p(int((d <= 0).sum()), len(d)), bootstrap_p(int((d >= 0).sum()), len(d))))
     return {"estimate": shared.delta - nonsharing.delta, "low": float(np.quantile(d, 0.025)),
             "high": float(np.quantile(d, 0.975)), "p": p}
 
