@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from drmas.algos.catalog import DRMAS, GRPO
+from drmas.algos.catalog import DRMAS, GRPO, estimator_label
 
 from analysis.events import PERSIST, collapse_event, declared_agents, finished, longest_streak, reward_flag, steps_of
 from analysis.frontier_design import Frontier, bootstrap_p, frontier
@@ -139,7 +139,9 @@ def differs(p_holm: float) -> bool:
 def aft_time_ratio(events: pd.DataFrame, arm: str, horizon: int = PRIMARY) -> dict[str, float | str]:
     """Per arm, the log-normal AFT model of the onset on centred log2(lr) and [GRPO]: the time ratio GRPO / Dr. MAS
     e^β2 with its Wald interval. T counts the steps through the onset (onset + 1; a step-0 onset is one step), a run
-    without an onset by horizon − PERSIST is censored there (+1)."""
+    without an onset by horizon − PERSIST is censored there (+1). Where one estimator has no collapse the likelihood
+    has no maximum (β2 → ±∞) and the note says so, with each estimator's count, instead of a number; so it does
+    where the maximiser does not converge."""
     runs = events[(events["part"] == "round") & (events["arm"] == arm)]
     if runs.empty or runs["estimator"].nunique() < 2:
         return {"note": "no runs of both estimators"}
@@ -147,12 +149,23 @@ def aft_time_ratio(events: pd.DataFrame, arm: str, horizon: int = PRIMARY) -> di
     event = runs["onset"].le(limit).to_numpy()
     if not event.any():
         return {"note": "no collapse by the horizon: no time ratio"}
+    of = {est: (runs["estimator"] == est).to_numpy() for est in (GRPO, DRMAS)}
+    counts = {est: f"{int(event[m].sum())} of {int(m.sum())}" for est, m in of.items()}
+    for est, other, side in ((GRPO, DRMAS, "above"), (DRMAS, GRPO, "below")):
+        if not event[of[est]].any():  # β2 → ±∞: the likelihood has no maximum
+            return {"events": int(event.sum()), "runs": len(runs),
+                    "note": f"no finite time ratio: no {estimator_label(est)} run collapsed by step {limit} "
+                            f"({counts[est]}; {estimator_label(other)} {counts[other]}), so the ratio is unbounded "
+                            f"{side} 1"}
     time = np.where(event, runs["onset"].fillna(limit).to_numpy() + 1, limit + 1)
     x = np.log2(runs["lr"].to_numpy())
-    fit = lognormal_aft(time, event, np.column_stack([x - x.mean(), (runs["estimator"] == GRPO).to_numpy()]))
+    fit = lognormal_aft(time, event, np.column_stack([x - x.mean(), of[GRPO]]))
+    if not (fit.converged and np.isfinite(fit.params).all() and np.isfinite(fit.bse).all()):
+        return {"events": int(event.sum()), "runs": len(runs),
+                "note": "no finite time ratio: the likelihood's maximiser did not converge"}
     ratio, low, high = fit.time_ratio(2)
     return {"ratio": ratio, "low": low, "high": high, "sigma": fit.sigma, "converged": fit.converged,
-            "events": int(event.sum()), "runs": len(runs), "note": "" if fit.converged else "did not converge"}
+            "events": int(event.sum()), "runs": len(runs), "note": ""}
 
 
 # ------------------------------------------------------------------------------------------ shares

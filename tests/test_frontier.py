@@ -185,6 +185,18 @@ def test_lognormal_aft_matches_least_squares_and_a_direct_likelihood():
     assert low < ratio < high and ratio == pytest.approx(math.exp(fit.params[2]))
 
 
+def test_the_time_ratio_is_said_in_words_where_one_estimator_never_collapses(tmp_path):
+    """With no GRPO collapse the AFT likelihood has no maximum (β2 → ∞): the note says so and gives no number."""
+    levels = [ladder_level(j) for j in (0, 2)]
+    root = make_grid(tmp_path, {("nonsharing", GRPO): 1.0, ("nonsharing", DRMAS): levels[1]}, levels,
+                     seeds=(3000, 3001), learn_seeds=())
+    aft = frontier_rules.aft_time_ratio(frontier_rules.event_table(load_grid(root)), "nonsharing")
+    assert "ratio" not in aft and aft["events"] == 2 and aft["runs"] == 8
+    assert aft["note"] == ("no finite time ratio: no GRPO run collapsed by step 180 (0 of 4; Dr. MAS 2 of 4), so the "
+                           "ratio is unbounded above 1")
+    assert frontier._aft_words(aft) == f"AFT: {aft['note']}"
+
+
 def test_pilot_next_names_the_extension_and_then_the_levels(tmp_path):
     levels = [ladder_level(j) for j in (-2, 0, 2, 4)]
     calm = make_grid(tmp_path / "calm", {("nonsharing", GRPO): 1.0, ("nonsharing", DRMAS): 1.0}, levels,
