@@ -1,0 +1,117 @@
+"""Copy a grid's finished runs out of the folder where it runs, records only, with an index that agrees with them:
+
+    python -m experiments.publish ../round/results/runs/frontier results/runs/frontier
+
+A long grid runs over several sittings in a worktree at its own commit (docs/frontier.md); its finished runs are
+committed from another checkout as they come in. Copying the folder by hand copies an index that also lists the runs
+still in flight ("partial"), whose folders are not copied: the analysis then reads a run the index promises and no
+folder holds. This command copies each finished run's records (the files at the top of its folder: manifest,
+config, metrics, evaluations, ``DONE``; not its checkpoints, TensorBoard files or logs) and writes the destination's
+``index.json`` from the source's, listing every run the destination does not hold as not started (``todo``, no wall
+time). It refuses, before copying anything, where a run the destination holds differs from the source's (a
+finished run's records do not change: one of the two folders is not what it seems) or where the destination holds
+a folder the source has not finished. It then reads the destination with :func:`analysis.runs.load_grid` and stops
+with the problems it lists, if any.
+"""
+from __future__ import annotations
+
+import argparse
+import filecmp
+import json
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+from analysis.run_records import NOT_STARTED
+from analysis.runs import load_grid
+from drmas.io import atomic_write_json
+from experiments.grid import GridError, read_index
+
+logger = logging.getLogger("experiments.publish")
+
+
+def record_files(run_dir: Path) -> list[Path]:
+    """A run's records: the regular files at the top of its folder, without logs and hidden files (checkpoints and
+    TensorBoard files are folders)."""
+    return sorted(p for p in run_dir.iterdir()
+                  if p.is_file() and not p.name.startswith(".") and p.suffix != ".log")
+
+
+def plan(src: Path, dst: Path) -> tuple[list[str], list[str]]:
+    """(runs to copy, runs already in ``dst`` with the same records) of the finished runs of ``src``'s index; a
+    :class:`GridError` naming every conflict where ``dst`` holds a run whose records differ, or a folder of a run
+    ``src`` has not finished."""
+    rows = read_index(src)
+    if not rows:
+        raise GridError(f"{src} has no index.json: not a grid's out_dir (python -m experiments.grid run writes one)")
+    new, same, conflicts = [], [], []
+    for name in rows:
+        source, target = src / name, dst / name
+        finished = (source / "DONE").is_file()
+        if not target.exists():
+            if finished:
+                new.append(name)
+            continue
+        if not finished:
+            conflicts.append(f"{name}: {target} exists but the run is not finished in {src}")
+            continue
+        files = record_files(source)
+        _, differ, missing = filecmp.cmpfiles(source, target, [p.name for p in files], shallow=False)
+        extra = sorted({p.name for p in record_files(target)} - {p.name for p in files})
+        if differ or missing or extra:
+            conflicts.append(f"{name}: its records in {dst} differ from {src}'s "
+                             f"(differ: {differ}, absent: {missing}, only in {dst}: {extra})")
+        else:
+            same.append(name)
+    unlisted = sorted(p.name for p in dst.iterdir() if p.is_dir() and p.name not in rows) if dst.is_dir() else []
+    conflicts += [f"{name}: a folder of {dst} that {src}'s index does not list" for name in unlisted
+                  if (dst / name / "manifest.json").exists()]
+    if conflicts:
+        raise GridError(f"nothing copied: {len(conflicts)} run(s) of {dst} do not match {src}: " + "; ".join(conflicts))
+    return new, same
+
+
+def publish(src: Path, dst: Path) -> dict[str, int]:
+    """Copy the finished runs of ``src`` that ``dst`` lacks (records only) and write ``dst/index.json`` from
+    ``src``'s with every run ``dst`` does not hold listed as not started; returns the counts."""
+    new, same = plan(src, dst)
+    for name in new:
+        target = dst / name
+        target.mkdir(parents=True)
+        for path in record_files(src / name):
+            shutil.copy2(path, target / path.name)
+    rows = read_index(src)
+    for name, row in rows.items():
+        if not (dst / name / "DONE").is_file():
+            rows[name] = {**row, "status": NOT_STARTED, "seconds": None}
+    grid = json.loads((src / "index.json").read_text()).get("grid", src.name)
+    dst.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(dst / "index.json", {"grid": grid, "runs": list(rows.values())}, indent=1)
+    data = load_grid(dst)
+    if data.problems:
+        raise GridError(f"{dst} was written but reads with {len(data.problems)} problem(s): {'; '.join(data.problems)}")
+    return {"copied": len(new), "already": len(same), "finished": len(new) + len(same), "listed": len(rows)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.publish", description=__doc__.splitlines()[0])
+    parser.add_argument("src", type=Path, help="the grid's out_dir where it runs (e.g. in its worktree)")
+    parser.add_argument("dst", type=Path, help="the out_dir to commit from")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    if args.src.resolve() == args.dst.resolve():
+        print(f"experiments.publish: {args.src} and {args.dst} are the same folder", file=sys.stderr)
+        return 2
+    try:
+        counts = publish(args.src, args.dst)
+    except GridError as exc:
+        print(f"experiments.publish: {exc}", file=sys.stderr)
+        return 2
+    logger.info("%s: %d run(s) copied, %d already there; %d of %d listed runs finished, the rest listed as not "
+                "started", args.dst, counts["copied"], counts["already"], counts["finished"], counts["listed"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
