@@ -5,8 +5,8 @@
 A long grid runs over several sittings in a worktree at its own commit (docs/frontier.md); its finished runs are
 committed from another checkout as they come in. Copying the folder by hand copies an index that also lists the runs
 still in flight ("partial"), whose folders are not copied: the analysis then reads a run the index promises and no
-folder holds. This command copies each finished run's records (the files at the top of its folder: manifest,
-config, metrics, evaluations, ``DONE``; not its checkpoints, TensorBoard files or logs) and writes the destination's
+folder holds. This command copies each finished run's records (:data:`RECORDS`: manifest, config, metrics,
+evaluations, ``DONE``; not its checkpoints, TensorBoard files, logs or summaries) and writes the destination's
 ``index.json`` from the source's, listing every run the destination does not hold as not started (``todo``, no wall
 time). It refuses, before copying anything, where a run the destination holds differs from the source's (a
 finished run's records do not change: one of the two folders is not what it seems) or where the destination holds
@@ -31,11 +31,15 @@ from experiments.grid import GridError, read_index
 logger = logging.getLogger("experiments.publish")
 
 
+RECORDS = ("manifest.json", "config.yaml", "metrics.jsonl", "eval.jsonl", "DONE")
+"""A run's records, the files `drmas train` writes at the top of its folder for the analysis (``eval.jsonl`` is absent
+where ``train.evaluate`` is off): what is copied and compared. Checkpoints, TensorBoard files, logs and the outputs of
+``drmas summary`` stay behind."""
+
+
 def record_files(run_dir: Path) -> list[Path]:
-    """A run's records: the regular files at the top of its folder, without logs and hidden files (checkpoints and
-    TensorBoard files are folders)."""
-    return sorted(p for p in run_dir.iterdir()
-                  if p.is_file() and not p.name.startswith(".") and p.suffix != ".log")
+    """The :data:`RECORDS` that ``run_dir`` holds."""
+    return [run_dir / name for name in RECORDS if (run_dir / name).is_file()]
 
 
 def plan(src: Path, dst: Path) -> tuple[list[str], list[str]]:

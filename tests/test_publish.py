@@ -33,6 +33,7 @@ def source(tmp_path) -> Path:
     for name in RUNS[:2]:
         (src / name / "checkpoints" / "latest").mkdir(parents=True)
         (src / name / "train.log").write_text("a log\n")
+        (src / name / "summary.md").write_text("# a summary\n")
     return src
 
 
