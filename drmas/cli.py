@@ -179,10 +179,13 @@ def _eval_config(args: argparse.Namespace):
 def cmd_summary(args: argparse.Namespace) -> int:
     """Print the summary of a run folder, finished or not (:mod:`drmas.summary`), and write ``summary.md`` with
     its curves (``summary.png``) into it."""
-    from drmas.summary import read_summary, summary_text, write_summary
+    from dataclasses import replace
 
-    path = write_summary(read_summary(args.run_dir))
-    print(summary_text(read_summary(args.run_dir)))  # read again: its files now include summary.md
+    from drmas.summary import read_summary, run_files, summary_text, write_summary
+
+    summary = read_summary(args.run_dir)  # once: its warnings are said once
+    path = write_summary(summary)
+    print(summary_text(replace(summary, files=run_files(summary.run_dir))))  # the files now include summary.md
     print(f"wrote {path}")
     return 0
 

@@ -201,10 +201,6 @@ def read_summary(run_dir: str | Path) -> RunSummary:
         steps_done = int(done.get("steps", steps_done))
     timings = [float(r["timing/step"]) for r in steps if isinstance(r.get("timing/step"), (int, float))]
     manifest = read_manifest(run_dir / "checkpoints" / "latest")
-    candidates = [("run folder", run_dir), ("config", run_dir / "config.yaml"), ("metrics", run_dir / "metrics.jsonl"),
-                  ("evaluations", run_dir / "eval.jsonl"), ("checkpoint", run_dir / "checkpoints" / "latest"),
-                  ("tensorboard", run_dir / "tb"), ("wandb", run_dir / "wandb"), ("summary", run_dir / SUMMARY_MD),
-                  ("curves", run_dir / CURVES_PNG)]
     return RunSummary(
         run_dir=run_dir, name=str(cfg.get("name", run_dir.name)), state=state,
         holder=describe_holder(holder) if holder is not None else "", steps_done=steps_done, steps_total=steps_total,
@@ -214,8 +210,16 @@ def read_summary(run_dir: str | Path) -> RunSummary:
                            if isinstance(r.get("reward/mean"), (int, float))),
         mean_step_seconds=sum(timings) / len(timings) if timings else None,
         checkpoint_step=manifest["step"] if manifest and _is_count(manifest.get("step")) else None,
-        files=tuple((what, path) for what, path in candidates if path.exists()),
-        tensorboard=(run_dir / "tb").is_dir())
+        files=run_files(run_dir), tensorboard=(run_dir / "tb").is_dir())
+
+
+def run_files(run_dir: Path) -> tuple[tuple[str, Path], ...]:
+    """(what, path) of the run folder's files that exist now (:attr:`RunSummary.files`)."""
+    candidates = [("run folder", run_dir), ("config", run_dir / "config.yaml"), ("metrics", run_dir / "metrics.jsonl"),
+                  ("evaluations", run_dir / "eval.jsonl"), ("checkpoint", run_dir / "checkpoints" / "latest"),
+                  ("tensorboard", run_dir / "tb"), ("wandb", run_dir / "wandb"), ("summary", run_dir / SUMMARY_MD),
+                  ("curves", run_dir / CURVES_PNG)]
+    return tuple((what, path) for what, path in candidates if path.exists())
 
 
 def _num(value: float) -> str:

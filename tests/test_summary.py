@@ -264,6 +264,10 @@ def test_an_identical_repeat_collapses_into_one_with_a_warning(tmp_path, caplog)
         s = read_summary(run)
     assert s.reward_curve == ((0, 0.2), (1, 0.4), (2, 0.3)) and s.mean_step_seconds == pytest.approx(2.0)
     assert "1 step value(s) recorded more than once ((2,)), each time with identical values" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert main(["summary", str(run)]) == 0  # reads the folder once: the note is said once
+    assert caplog.text.count("recorded more than once") == 1
 
 
 @pytest.mark.parametrize("fault, expected", [
