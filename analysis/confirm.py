@@ -153,8 +153,9 @@ def verdicts(an: Confirmation) -> dict[str, str]:
     if len(c2):
         p = float(c2.loc[c2["agent"] == "any", "p"].iloc[0])
         row = c2[c2["agent"] == "any"].iloc[0]
-        v = (REPRODUCED if p < ALPHA else REFUTED if row["drmas"] / row["drmas_n"] > row["grpo"] / row["grpo_n"]
-             and 1 - p < ALPHA else INCONCLUSIVE)
+        drmas_more = row["drmas_n"] > 0 and row["grpo_n"] > 0 and \
+            row["drmas"] / row["drmas_n"] > row["grpo"] / row["grpo_n"]  # a cell without runs says nothing
+        v = REPRODUCED if p < ALPHA else REFUTED if drmas_more and 1 - p < ALPHA else INCONCLUSIVE
         out["C2"] = _incomplete(an, v)
     c3 = an.c3
     if len(c3):
