@@ -60,8 +60,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_before_work(cfg, train=not args.sft_only)
     from drmas.trainer.run_folder import claim_run_folder  # torch: imported once the config is known to be good
     from drmas.trainer.trainer import Trainer
-    from drmas.trainer.warmup import warmup
+    from drmas.trainer.warmup import checkpoints_to_build, warmup
 
+    checkpoints_to_build(cfg)  # the bases' plan fails here, before the run folder is claimed
     if cfg.train.threads:
         import torch
 

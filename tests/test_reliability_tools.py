@@ -294,6 +294,7 @@ def test_models_sharing_a_path_with_other_roles_are_one_config_error(tmp_path, c
                                  "(preset nano vs nano, roles ['math_solver'] vs ['math_verifier']); give them the "
                                  "same `preset` and `sft_roles`, or different paths"], err
     assert not base.exists() and not (tmp_path / "sft" / "tok").exists()
+    assert not (tmp_path / "runs").exists()  # drmas train: refused before the run folder is claimed
 
 
 def test_a_degenerate_run_shorter_than_ten_steps_is_flagged(tmp_path):

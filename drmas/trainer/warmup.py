@@ -69,9 +69,10 @@ def trace_args(cfg: RunConfig) -> dict[str, Any]:
     return TASK_SOURCES.get(cfg.env.name).trace_args(**cfg.env.args)
 
 
-def _checkpoints_to_build(cfg: RunConfig) -> dict[str, tuple[str, list[str], list[str]]]:
+def checkpoints_to_build(cfg: RunConfig) -> dict[str, tuple[str, list[str], list[str]]]:
     """Missing checkpoint path -> (preset, roles, model keys). Models naming one path share one SFT run
-    and must agree on the preset and roles."""
+    and must agree on the preset and roles (a :class:`ConfigError` where they do not, or where a built base is not
+    what the config asks: ``drmas train`` calls it before it claims the run folder)."""
     plan: dict[str, tuple[str, list[str], list[str]]] = {}
     traces = trace_args(cfg)  # what shapes the task source's SFT traces (one record for every base)
     for key, m in cfg.models.items():
@@ -98,7 +99,7 @@ def _checkpoints_to_build(cfg: RunConfig) -> dict[str, tuple[str, list[str], lis
 
 def warmup(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
     """Build and SFT every missing checkpoint (once per path); returns per-checkpoint SFT metrics."""
-    if not _checkpoints_to_build(cfg):
+    if not checkpoints_to_build(cfg):
         return {}
     # one warm-up at a time per task source (runs of a grid may start together): the second waits, then
     # finds the checkpoints built and returns
@@ -122,7 +123,7 @@ def _warmup_locked(cfg: RunConfig, progress: bool) -> dict[str, Any]:
     from drmas.models.sft import SFTConfig
     from drmas.models.tokenizer import save_tokenizer, train_bytelevel_bpe
 
-    plan = _checkpoints_to_build(cfg)
+    plan = checkpoints_to_build(cfg)
     if not plan:
         return {}
     source = make_task_source(cfg.env.name, **cfg.env.args)
