@@ -593,8 +593,20 @@ def run_grid(grid: Grid, options: GridOptions = GridOptions()) -> dict[str, str]
     ``FolderLocked`` naming the first), and ending every child process on SIGTERM/SIGINT."""
     if options.dry_run:
         return _run_grid(grid, options)
+    # before the lock, which makes out_dir: a grid that cannot start leaves no folder behind
+    refuse_unbuilt(grid, [r for r in select_runs(grid, options.only) if status_of(grid, r) != "done"])
     with folder_lock(grid.out_dir, "grid out_dir"), children_end_with_me():
         return _run_grid(grid, options)
+
+
+def refuse_unbuilt(grid: Grid, todo: list[Run]) -> None:
+    """A :class:`GridError` where a run of ``todo`` starts from a checkpoint that does not exist and that no ``sft``
+    config of the grid builds (:func:`unbuilt_checkpoints`)."""
+    if unbuilt := unbuilt_checkpoints(grid, todo):
+        listing = "; ".join(f"{name}: {', '.join(map(str, paths))}" for name, paths in list(unbuilt.items())[:4])
+        raise GridError(f"{len(unbuilt)} run(s) start from checkpoints that do not exist and that no config of the grid's "
+                        f"`sft` list builds ({listing}); add the config that builds them (a config naming that "
+                        "models.*.path with a preset) to `sft`, or fix the model paths; nothing was run")
 
 
 def summary_line(grid: Grid, computed: int, reused: int, failed: int, kept: int = 0) -> str:
@@ -660,11 +672,7 @@ def _run_grid(grid: Grid, options: GridOptions) -> dict[str, str]:
         read_index(grid.out_dir)  # an index that cannot be read stops the runner before any work
         kept = set_aside_stale(grid, selected, options.stale)
     todo = [r for r in selected if status_of(grid, r) != "done"]
-    if unbuilt := unbuilt_checkpoints(grid, todo):
-        listing = "; ".join(f"{name}: {', '.join(map(str, paths))}" for name, paths in list(unbuilt.items())[:4])
-        raise GridError(f"{len(unbuilt)} run(s) start from checkpoints that do not exist and that no config of the grid's "
-                        f"`sft` list builds ({listing}); add the config that builds them (a config naming that "
-                        "models.*.path with a preset) to `sft`, or fix the model paths; nothing was run")
+    refuse_unbuilt(grid, todo)
     if options.dry_run:
         for r in todo:
             print(" ".join(r.command(grid.out_dir, options.device)))
