@@ -593,8 +593,8 @@ def run_grid(grid: Grid, options: GridOptions = GridOptions()) -> dict[str, str]
     ``FolderLocked`` naming the first), and ending every child process on SIGTERM/SIGINT."""
     if options.dry_run:
         return _run_grid(grid, options)
-    # before the lock, which makes out_dir: a grid that cannot start leaves no folder behind
-    refuse_unbuilt(grid, [r for r in select_runs(grid, options.only) if status_of(grid, r) != "done"])
+    if not grid.out_dir.exists():  # nothing holds it yet: a grid that cannot start is refused before the lock makes it
+        refuse_unbuilt(grid, select_runs(grid, options.only))
     with folder_lock(grid.out_dir, "grid out_dir"), children_end_with_me():
         return _run_grid(grid, options)
 
