@@ -42,8 +42,8 @@ def record_files(run_dir: Path) -> list[Path]:
     return [run_dir / name for name in RECORDS if (run_dir / name).is_file()]
 
 
-def plan(src: Path, dst: Path) -> tuple[list[str], list[str]]:
-    """(runs to copy, runs already in ``dst`` with the same records) of the finished runs of ``src``'s index; a
+def plan(src: Path, dst: Path) -> tuple[dict[str, dict], list[str], list[str]]:
+    """(``src``'s index rows by run, runs to copy, runs already in ``dst`` with the same records); a
     :class:`GridError` naming every conflict where ``dst`` holds a run whose records differ, or a folder of a run
     ``src`` has not finished."""
     rows = read_index(src)
@@ -73,19 +73,18 @@ def plan(src: Path, dst: Path) -> tuple[list[str], list[str]]:
                   if (dst / name / "manifest.json").exists()]
     if conflicts:
         raise GridError(f"nothing copied: {len(conflicts)} run(s) of {dst} do not match {src}: " + "; ".join(conflicts))
-    return new, same
+    return rows, new, same
 
 
 def publish(src: Path, dst: Path) -> dict[str, int]:
     """Copy the finished runs of ``src`` that ``dst`` lacks (records only) and write ``dst/index.json`` from
     ``src``'s with every run ``dst`` does not hold listed as not started; returns the counts."""
-    new, same = plan(src, dst)
+    rows, new, same = plan(src, dst)
     for name in new:
         target = dst / name
         target.mkdir(parents=True)
         for path in record_files(src / name):
             shutil.copy2(path, target / path.name)
-    rows = read_index(src)
     for name, row in rows.items():
         if not (dst / name / "DONE").is_file():
             rows[name] = {**row, "status": NOT_STARTED, "seconds": None}
