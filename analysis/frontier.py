@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import NullLocator
 
 from drmas.algos.catalog import DRMAS, GRPO, estimator_label
 from drmas.io import atomic_write_text
@@ -265,13 +266,33 @@ FIGURE, ACC_FIGURE = "frontier_collapse", "frontier_accuracy"
 COLORS = {GRPO: "tab:red", DRMAS: "tab:blue"}
 
 
+def _lr_axis(ax, lrs) -> None:
+    """A log lr axis ticked at the levels that have runs (labels like 0.000141), half an octave of room each side."""
+    lrs = np.unique(np.asarray(lrs, dtype=float))
+    ax.set_xscale("log")
+    ax.set_xlim(lrs.min() / 2 ** 0.5, lrs.max() * 2 ** 0.5)
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticks(lrs, [f"{v:.3g}" for v in lrs], fontsize=7, rotation=30)
+
+
 def fig_frontier(rnd: Round):
     """P(collapse by 200) against the lr per arm: each cell's share with its k/n written beside it, the fitted Firth
-    curve of each estimator and its 95 % band (pointwise over the bootstrap refits)."""
+    curve of each estimator and its 95 % band (pointwise over the bootstrap refits), drawn where the estimator's runs
+    stand at two levels or more (at one level the curve's slope is not identified). An arm without finished runs
+    says so; the titles say "incomplete" until every run of the round has finished."""
     fig = figure(5.0 * len(ARMS), 3.6)
+    state = "" if rnd.complete else f" (incomplete: {rnd.finished} of {rnd.total} runs)"
     for ax, arm in zip(fig.subplots(1, len(ARMS)), ARMS):
         f = rnd.fronts.get((arm, PRIMARY))
         runs = rnd.events[(rnd.events["part"] == "round") & (rnd.events["arm"] == arm)]
+        ax.set_title(f"{ARM_LABELS[arm]}: collapse by step {PRIMARY}{state}", **({"fontsize": 9} if state else {}))
+        ax.set_xlabel("learning rate")
+        ax.set_ylabel("runs collapsed (share)")
+        ax.set_ylim(-0.05, 1.1)
+        if runs.empty:
+            ax.text(0.5, 0.5, "no finished runs", transform=ax.transAxes, ha="center", va="center", color="0.4")
+            ax.set_xticks([])
+            continue
         for i, est in enumerate((GRPO, DRMAS)):
             cell = runs[runs["estimator"] == est].groupby("lr")[f"collapsed_{PRIMARY}"].agg(["sum", "count"])
             if cell.empty:
@@ -281,17 +302,13 @@ def fig_frontier(rnd: Round):
             for lr, r in cell.iterrows():
                 ax.annotate(f"{int(r['sum'])}/{int(r['count'])}", (lr * shift, r["sum"] / r["count"]), fontsize=7,
                             xytext=(4, 6 - 14 * i), textcoords="offset points", color=COLORS[est])
-            if f is not None:
+            if f is not None and len(cell) >= 2:
                 x = np.linspace(np.log2(cell.index.min()) - 0.25, np.log2(cell.index.max()) + 0.25, 100)
                 curve = lambda b: 1 / (1 + np.exp(-(b[..., :1] + b[..., 1:] * x)))  # noqa: E731
                 ax.plot(2 ** x, curve(np.array(f.fits[i])), color=COLORS[est])
                 band = curve(f.draw_fits[:, i, :])
                 ax.fill_between(2 ** x, *np.quantile(band, [0.025, 0.975], axis=0), color=COLORS[est], alpha=0.15)
-        ax.set_xscale("log")
-        ax.set_title(f"{ARM_LABELS[arm]}: collapse by step {PRIMARY}")
-        ax.set_xlabel("learning rate")
-        ax.set_ylabel("runs collapsed (share)")
-        ax.set_ylim(-0.05, 1.1)
+        _lr_axis(ax, runs["lr"])
         ax.legend(fontsize=7, loc="upper left")
     finish(fig)
     fig.tight_layout()
@@ -302,8 +319,16 @@ def fig_accuracy(rnd: Round):
     """Each run's time-averaged avg@4 against the lr, per arm and estimator (the round's levels and "where both
     learn"), with the median per cell."""
     fig = figure(5.0 * len(ARMS), 3.6)
+    state = "" if rnd.complete else f" (incomplete: {rnd.finished} of {rnd.total} runs)"
     for ax, arm in zip(fig.subplots(1, len(ARMS)), ARMS):
-        pts = rnd.accuracy[rnd.accuracy["arm"] == arm]
+        pts = rnd.accuracy[rnd.accuracy["arm"] == arm] if len(rnd.accuracy) else rnd.accuracy
+        ax.set_title(f"{ARM_LABELS[arm]}: time-averaged avg@4{state}", **({"fontsize": 9} if state else {}))
+        ax.set_xlabel("learning rate")
+        ax.set_ylabel("avg@4 (%)")
+        if pts.empty:
+            ax.text(0.5, 0.5, "no finished runs", transform=ax.transAxes, ha="center", va="center", color="0.4")
+            ax.set_xticks([])
+            continue
         for i, est in enumerate((GRPO, DRMAS)):
             p = pts[pts["estimator"] == est]
             if p.empty:
@@ -311,10 +336,7 @@ def fig_accuracy(rnd: Round):
             ax.plot(p["lr"] * (1 + 0.03 * (2 * i - 1)), 100 * p["auc"], ".", alpha=0.5, color=COLORS[est])
             med = p.groupby("lr")["auc"].median()
             ax.plot(med.index, 100 * med, "-o", color=COLORS[est], label=f"{estimator_label(est)} (median)")
-        ax.set_xscale("log")
-        ax.set_title(f"{ARM_LABELS[arm]}: time-averaged avg@4")
-        ax.set_xlabel("learning rate")
-        ax.set_ylabel("avg@4 (%)")
+        _lr_axis(ax, pts["lr"])
         ax.legend(fontsize=7)
     finish(fig)
     fig.tight_layout()

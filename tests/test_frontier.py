@@ -214,6 +214,27 @@ def test_pilot_next_names_the_extension_and_then_the_levels(tmp_path):
     assert rnd.verdicts == {}  # the pilot never gives a verdict
 
 
+def test_a_partial_round_draws_no_curve_from_one_level_and_says_where_it_has_no_runs(tmp_path):
+    """The round's first runs: non-sharing at one level only (the Firth curve's slope is not identified there, so no
+    curve or band is drawn), no shared-model run yet (its panel says so), and every title says "incomplete"."""
+    root = make_grid(tmp_path, {("nonsharing", GRPO): ladder_level(0), ("nonsharing", DRMAS): 1.0}, [ladder_level(0)],
+                     seeds=(3000,), learn_seeds=())
+    index = json.loads((root / "index.json").read_text())
+    index["runs"].append({**index["runs"][0], "run": "t_sha_grpo_lr0.0001_s3000", "assignment": "sharing",
+                          "status": "todo", "seconds": None})
+    (root / "index.json").write_text(json.dumps(index))
+    rnd = frontier.analyze(load_grid(root), draws=20, n_boot=50)
+    assert (rnd.finished, rnd.total) == (2, 3) and not rnd.complete
+    for fig in (frontier.fig_frontier(rnd), frontier.fig_accuracy(rnd)):
+        non, shared = fig.axes
+        assert all("(incomplete: 2 of 3 runs)" in ax.get_title() for ax in fig.axes)
+        assert [t.get_text() for t in shared.texts] == ["no finished runs"] and not shared.lines
+        assert non.lines and "no finished runs" not in [t.get_text() for t in non.texts]
+    non = frontier.fig_frontier(rnd).axes[0]
+    assert all(line.get_linestyle() == "None" for line in non.lines)  # markers only: no fitted curve
+    assert not non.collections  # and no band
+
+
 def test_the_report_says_not_run_without_the_round_and_the_command_line_refuses_a_missing_folder(tmp_path, caplog):
     j = frontier.judge(None, "C6-n")
     assert j.verdict == "not run" and j.design == "confirmatory"
