@@ -39,8 +39,8 @@ from analysis.cli import load_optional
 from analysis.events import grid_status
 from analysis.formatting import fmt_interval, fmt_value, markdown
 from analysis.frontier_design import BOOTSTRAP_DRAWS, X50_SPAN, Frontier, ladder_level, levels_rule, verdict
-from analysis.frontier_rules import (ARMS, HORIZONS, PRIMARY, aft_time_ratio, arm_frontiers, differs, event_table,
-                                     false_alarms, interaction, learned_counts, primary_tests, shares,
+from analysis.frontier_rules import (ARMS, HORIZONS, PRIMARY, SHARE_WINDOW, aft_time_ratio, arm_frontiers, differs,
+                                     event_table, false_alarms, interaction, learned_counts, primary_tests, shares,
                                      time_averaged_accuracy)
 from analysis.integrity import problem_lines
 from analysis.plotting import figure, finish, save
@@ -72,8 +72,7 @@ class Round:
     interactions: dict[int, dict[str, float]]
     tests: dict[str, float]
     aft: dict[str, dict]
-    shares: pd.DataFrame
-    paired_shares: pd.DataFrame
+    shares: dict[str, pd.DataFrame]
     false_alarm: dict
     learned: pd.DataFrame
     learn_accuracy: pd.DataFrame
@@ -98,10 +97,9 @@ def analyze(data: GridData, seed: int = 0, n_boot: int = 2000, draws: int = BOOT
              if ("sharing", h) in fronts and ("nonsharing", h) in fronts}
     learn = events[events["part"] == "learn"].rename(columns={f"collapsed_{PRIMARY}": "collapsed"})
     acc = accuracy_over_time(data, learn, streams[-1], n_boot) if len(learn) else pd.DataFrame()
-    by_est, paired = shares(data, events)
     finished, total = grid_status(data)
     rnd = Round(data, finished, total, events, fronts, inter, primary_tests(fronts),
-                {arm: aft_time_ratio(events, arm) for arm in ARMS}, by_est, paired, false_alarms(events),
+                {arm: aft_time_ratio(events, arm) for arm in ARMS}, shares(data, events), false_alarms(events),
                 learned_counts(events), acc, time_averaged_accuracy(data, events))
     rnd.verdicts = {} if pilot else verdicts(rnd)
     return rnd
@@ -163,6 +161,22 @@ def arm_words(rnd: Round, arm: str) -> list[str]:
     return out
 
 
+def share_words(pooled: pd.DataFrame) -> str | None:
+    """Each agent's share of the shared update (steps 0-39, every level), per estimator, with the twin pairs' median
+    Dr. MAS − GRPO; None without shares."""
+    sh = pooled[pooled["measure"] == "share"]
+    if sh.empty:
+        return None
+    parts = []
+    for agent, g in sh.groupby("agent"):
+        med = g.set_index("estimator")["median"]
+        part = f"{agent} " + " / ".join(f"{estimator_label(e)} {med[e]:.2f}" for e in (GRPO, DRMAS) if e in med)
+        if g["pairs"].notna().any() and g["pairs"].max() > 0:
+            part += f" (Dr. MAS − GRPO {g['median_diff'].iloc[0]:+.2f}, median of {int(g['pairs'].max())} twin pairs)"
+        parts.append(part)
+    return f"shares of the shared update, steps 0-{SHARE_WINDOW - 1}, every level (median per run): " + "; ".join(parts)
+
+
 # ------------------------------------------------------------------------------------------ summary
 def summary_markdown(rnd: Round, runs_dir: Path, pilot: bool = False) -> str:
     """results/frontier/summary.md (or the pilot's): verdicts, each arm's frontier, tests, secondary estimates."""
@@ -196,9 +210,11 @@ def summary_markdown(rnd: Round, runs_dir: Path, pilot: bool = False) -> str:
     if len(rnd.learn_accuracy):
         lines += ["## Where both learn (Dr. MAS − GRPO, time-averaged avg@4)", "",
                   markdown(rnd.learn_accuracy, index=False), ""]
-    if len(rnd.shares):
-        lines += [f"## Shares of the shared update (steps 0-39)", "", markdown(rnd.shares, index=False), "",
-                  "Dr. MAS − GRPO per twin pair:", "", markdown(rnd.paired_shares, index=False), ""]
+    if len(rnd.shares["by_estimator"]):
+        lines += [f"## Shares of the shared update (steps 0-{SHARE_WINDOW - 1})", "",
+                  markdown(rnd.shares["by_estimator"], index=False), "",
+                  "Dr. MAS − GRPO per twin pair:", "", markdown(rnd.shares["paired"], index=False), "",
+                  "Over every level:", "", markdown(rnd.shares["pooled"], index=False), ""]
     lines += ["## Runs", "", markdown(rnd.events.drop(columns=["git_commit"]), index=False), ""]
     if problems := problem_lines(rnd.data):
         lines += ["## Data problems", "", *(f"- {p}" for p in problems), ""]
@@ -358,11 +374,14 @@ CLAIMS = {
              "per estimator LR50 of a Firth logistic fit of collapse by 200 steps on log2(lr); Δ = log2 LR50(Dr. MAS) "
              "− log2 LR50(GRPO) with a 2,000-draw parametric-bootstrap 95 % interval; \"moves up\" / \"no shift "
              "(equivalent)\" / \"moves down\" when it lies above / inside / below ±0.5 octave, else inconclusive "
-             "(docs/frontier.md C6-n)", PAPER),
+             "(docs/frontier.md C6-n); power (planned, 6 seeds a cell, transition slope 4-8 per octave): \"moves up\" "
+             "at a one-octave shift 0.92-0.99, \"no shift\" at none 0.63-0.98 (docs/frontier.md, Precision and "
+             "power)", PAPER),
     "C6-s": ("stability frontier, shared model: the estimator's effect on LR50 differs with a shared model",
              "the arm x estimator interaction Δ(shared) − Δ(non-sharing), 95 % bootstrap interval, two-sided p; Holm "
              "over C6-n's one-sided test and this one, α = 0.05; the shared arm's Δ read against the margin "
-             "(docs/frontier.md C6-s)", "(not in the paper: the suite's hypothesis)"),
+             "(docs/frontier.md C6-s); power (planned) 0.97-1.00 at a one-octave interaction, false-positive rate "
+             "0.058-0.067 at none (docs/frontier.md, Precision and power); the agents' shares are descriptive", "(not in the paper: the suite's hypothesis)"),
     "C6-acc": ("where both learn (5e-5): Dr. MAS − GRPO of the time-averaged avg@4",
                "paired by seed and question, 95 % bootstrap interval over questions, 6 seeds per estimator "
                "(docs/frontier.md, secondary estimate)", "Dr. MAS higher"),
@@ -384,6 +403,8 @@ def _ours(rnd: Round, key: str) -> tuple[str, str]:
         if (i := rnd.interactions.get(PRIMARY)) is not None:
             words.append(f"interaction {i['estimate']:+.2f} octave {fmt_interval(i['low'], i['high'])}, p "
                          f"{fmt_value(i['p'], 3)}, Holm {fmt_value(rnd.tests['p_holm_C6-s'], 3)}")
+        if (sw := share_words(rnd.shares["pooled"])) is not None:
+            words.append(sw)
         return "; ".join(words), f"shared Δ {f.delta:+.2f} octave {fmt_interval(*f.ci)}"
     auc = rnd.learn_accuracy[rnd.learn_accuracy["measure"] == "auc"].iloc[0]
     head = f"{100 * auc['diff']:+.1f} pts [{100 * auc['low']:+.1f}, {100 * auc['high']:+.1f}]"

@@ -169,11 +169,30 @@ def aft_time_ratio(events: pd.DataFrame, arm: str, horizon: int = PRIMARY) -> di
 
 
 # ------------------------------------------------------------------------------------------ shares
-def shares(data: GridData, events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The agents' shares of the shared update over steps 0 .. SHARE_WINDOW-1 (shared arm): per (estimator, lr,
-    agent) the median over runs of each run's mean share; and per twin pair and agent Dr. MAS − GRPO, summarised per
-    (lr, agent) as the median with the pair count. The cosines between agents' contributions are summarised the
-    same way (agent = the pair ``a~b``)."""
+SHARE_COLUMNS = {"by_estimator": ["measure", "lr", "agent", "estimator", "runs", "median"],
+                 "paired": ["measure", "lr", "agent", "pairs", "median_diff"],
+                 "pooled": ["measure", "agent", "estimator", "runs", "median", "pairs", "median_diff"]}
+"""The columns of the three tables :func:`shares` returns."""
+
+
+def _paired_diffs(values: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """Per twin pair, measure and agent: Dr. MAS − GRPO of the per-run values, with the pair's lr."""
+    diffs = []
+    for lr, _seed, g_run, d_run in twin_pairs(runs):
+        pair = values[values["run"].isin([g_run, d_run])].pivot_table(index=["measure", "agent"], columns="run",
+                                                                        values="value")
+        if {g_run, d_run} <= set(pair.columns):
+            diffs.append((pair[d_run] - pair[g_run]).rename("diff").reset_index().assign(lr=lr))
+    return pd.concat(diffs) if diffs else pd.DataFrame(columns=["measure", "agent", "diff", "lr"])
+
+
+def shares(data: GridData, events: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The agents' shares of the shared update over steps 0 .. SHARE_WINDOW-1 (shared arm), three tables
+    (:data:`SHARE_COLUMNS`): ``by_estimator``, per (estimator, lr, agent) the median over runs of each run's mean
+    share; ``paired``, per (lr, agent) the median of the twin pairs' Dr. MAS − GRPO with the pair count; ``pooled``,
+    both over every level (descriptive: the share an agent takes of the shared update, per estimator). The cosines
+    between agents' contributions are summarised the same way (agent = the pair ``a~b``)."""
+    empty = {k: pd.DataFrame(columns=cols) for k, cols in SHARE_COLUMNS.items()}
     runs = events[(events["part"] == "round") & (events["arm"] == "sharing")]
     early_a = data.agents[data.agents["run"].isin(runs["run"]) & (data.agents["step"] < SHARE_WINDOW)]
     per_run = []
@@ -185,23 +204,25 @@ def shares(data: GridData, events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataF
         cos = groups.groupby("run")[cos_cols].mean().reset_index().melt("run", var_name="agent", value_name="value")
         cos["agent"] = cos["agent"].str.removeprefix("grad_cos/")
         per_run.append(cos)
-    cols = ["measure", "lr", "agent", "estimator", "runs", "median"]
     if not per_run:
-        return pd.DataFrame(columns=cols), pd.DataFrame(columns=["measure", "lr", "agent", "pairs", "median_diff"])
+        return empty
     values = pd.concat(per_run).merge(runs[["run", "estimator", "lr", "seed"]], on="run")
     values["measure"] = np.where(values["agent"].str.contains("~"), "cosine", "share")
-    by_est = (values.groupby(["measure", "lr", "agent", "estimator"])["value"].agg(["count", "median"])
-              .reset_index().rename(columns={"count": "runs"}))
-    diffs = []
-    for lr, seed, g_run, d_run in twin_pairs(runs):
-        pair = values[values["run"].isin([g_run, d_run])].pivot_table(index=["measure", "agent"], columns="run",
-                                                                        values="value")
-        if {g_run, d_run} <= set(pair.columns):
-            diffs.append((pair[d_run] - pair[g_run]).rename("diff").reset_index().assign(lr=lr))
-    paired = (pd.concat(diffs).groupby(["measure", "lr", "agent"])["diff"].agg(["count", "median"]).reset_index()
-              .rename(columns={"count": "pairs", "median": "median_diff"}) if diffs else
-              pd.DataFrame(columns=["measure", "lr", "agent", "pairs", "median_diff"]))
-    return by_est[cols], paired
+    diffs = _paired_diffs(values, runs)
+
+    def summary(by: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+        est = (values.groupby([*by, "estimator"])["value"].agg(["count", "median"]).reset_index()
+               .rename(columns={"count": "runs"}))
+        pair = (diffs.groupby(by)["diff"].agg(["count", "median"]).reset_index()
+                .rename(columns={"count": "pairs", "median": "median_diff"}) if len(diffs) else
+                pd.DataFrame(columns=[*by, "pairs", "median_diff"]))
+        return est, pair
+
+    by_est, paired = summary(["measure", "lr", "agent"])
+    pooled_est, pooled_pair = summary(["measure", "agent"])
+    pooled = pooled_est.merge(pooled_pair, on=["measure", "agent"], how="left")
+    return {"by_estimator": by_est[SHARE_COLUMNS["by_estimator"]], "paired": paired[SHARE_COLUMNS["paired"]],
+            "pooled": pooled[SHARE_COLUMNS["pooled"]]}
 
 
 def false_alarms(events: pd.DataFrame) -> dict[str, float | int | list]:

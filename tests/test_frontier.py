@@ -133,14 +133,22 @@ def test_the_shift_reads_as_the_design_says(shifted):
 
 
 def test_shares_and_cosines_are_summarised_per_estimator_and_twin(shifted):
-    sh = shifted.shares
+    sh = shifted.shares["by_estimator"]
     answer = sh[(sh["measure"] == "share") & (sh["agent"] == "answer")].set_index(["lr", "estimator"])["median"]
     assert set(answer.xs(DRMAS, level="estimator").round(6)) == {0.7}
     assert set(answer.xs(GRPO, level="estimator").round(6)) == {0.4}
-    paired = shifted.paired_shares
+    paired = shifted.shares["paired"]
     diff = paired[(paired["measure"] == "share") & (paired["agent"] == "answer")]
     assert np.allclose(diff["median_diff"], 0.3) and (diff["pairs"] == 2).all()
     assert set(sh.loc[sh["measure"] == "cosine", "agent"]) == {"answer~search", "answer~verifier", "search~verifier"}
+    pooled = shifted.shares["pooled"].set_index(["measure", "agent", "estimator"])
+    assert pooled.loc[("share", "answer", DRMAS), "median"] == pytest.approx(0.7)
+    assert pooled.loc[("share", "search", GRPO), "median"] == pytest.approx(0.3)  # (1 - 0.4) / 2
+    assert pooled.loc[("share", "answer", GRPO), "pairs"] == 2 * len(LEVELS)
+    assert pooled.loc[("share", "verifier", GRPO), "median_diff"] == pytest.approx(-0.15)
+    words = frontier.judge(shifted, "C6-s").ours
+    assert ("shares of the shared update, steps 0-39, every level (median per run): answer GRPO 0.40 / Dr. MAS 0.70 "
+            f"(Dr. MAS − GRPO +0.30, median of {2 * len(LEVELS)} twin pairs); search GRPO 0.30 / Dr. MAS 0.15") in words
 
 
 def test_where_both_learn_and_the_false_alarm_rate(shifted):
