@@ -11,7 +11,8 @@ evaluations, ``DONE``; not its checkpoints, TensorBoard files, logs or summaries
 time). It refuses, before copying anything, where a run the destination holds differs from the source's (a
 finished run's records do not change: one of the two folders is not what it seems) or where the destination holds
 a folder the source has not finished. It then reads the destination with :func:`analysis.runs.load_grid` and stops
-with the problems it lists, if any.
+where a finished run there cannot be used, naming why; notes on usable runs (training its ``DONE`` marker calls
+degenerate, as a collapsed run's often is) are outcomes the report lists, and are logged.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from analysis.run_records import NOT_STARTED
+from analysis.run_records import NOT_STARTED, GridLoadError
 from analysis.runs import load_grid
 from drmas.io import atomic_write_json
 from experiments.grid import GridError, read_index
@@ -91,9 +92,17 @@ def publish(src: Path, dst: Path) -> dict[str, int]:
     grid = json.loads((src / "index.json").read_text()).get("grid", src.name)
     dst.mkdir(parents=True, exist_ok=True)
     atomic_write_json(dst / "index.json", {"grid": grid, "runs": list(rows.values())}, indent=1)
-    data = load_grid(dst)
-    if data.problems:
-        raise GridError(f"{dst} was written but reads with {len(data.problems)} problem(s): {'; '.join(data.problems)}")
+    try:
+        data = load_grid(dst)
+    except GridLoadError as exc:
+        raise GridError(f"{dst} was written but does not read: {exc}") from None
+    unusable = data.runs[~data.runs["usable"] & (data.runs["status"] != NOT_STARTED)]
+    if len(unusable):
+        raise GridError(f"{dst} was written but {len(unusable)} of its finished run(s) cannot be used: "
+                        + "; ".join(f"{r.run}: {r.problem}" for r in unusable.itertuples()))
+    if data.problems:  # notes on usable runs (e.g. degenerate training after a collapse): outcomes, not copy faults
+        logger.info("%s: %d note(s) REPORT.md lists under \"Data problems\": %s", dst, len(data.problems),
+                    "; ".join(data.problems))
     return {"copied": len(new), "already": len(same), "finished": len(new) + len(same), "listed": len(rows)}
 
 

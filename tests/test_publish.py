@@ -73,6 +73,26 @@ def test_a_destination_that_disagrees_is_refused_before_anything_is_copied(sourc
     assert f"{RUNS[1]}_extra: a folder of {dst} that {source}'s index does not list" in str(err.value)
 
 
+def test_a_note_on_a_usable_run_is_logged_and_an_unusable_run_refused(source, tmp_path, caplog):
+    """A collapsed run's DONE often calls its training degenerate: a note the report lists, not a copy fault; a
+    finished run that cannot be used (here its metrics cut to nothing) stops the command with its problem."""
+    dst = tmp_path / "dst"
+    (source / RUNS[0] / "DONE").write_text(json.dumps({"degenerate": ["agent verifier: gradient norm exactly 0 for "
+                                                                      "10 steps in a row (from step 72)"]}))
+    with caplog.at_level("INFO", logger="experiments.publish"):
+        assert publish(source, dst)["copied"] == 2
+    assert f"{RUNS[0]}: degenerate training: agent verifier: gradient norm exactly 0" in caplog.text
+    (source / RUNS[2] / "DONE").write_text("{}")
+    (source / RUNS[2] / "config.yaml").unlink()
+    with pytest.raises(GridError, match=rf"1 of its finished run\(s\) cannot be used: {RUNS[2]}: its config.yaml "
+                                        "is missing"):
+        publish(source, dst)
+    shutil.rmtree(dst / RUNS[2])
+    (source / RUNS[2] / "metrics.jsonl").write_text("")
+    with pytest.raises(GridError, match=r"was written but does not read: .*0 of train.steps = 200 steps recorded"):
+        publish(source, dst)
+
+
 def test_the_command_line_names_the_problem_in_one_line(source, tmp_path, capsys):
     assert main([str(source), str(source)]) == 2
     assert "are the same folder" in capsys.readouterr().err
