@@ -381,7 +381,8 @@ CLAIMS = {
              "the arm x estimator interaction Δ(shared) − Δ(non-sharing), 95 % bootstrap interval, two-sided p; Holm "
              "over C6-n's one-sided test and this one, α = 0.05; the shared arm's Δ read against the margin "
              "(docs/frontier.md C6-s); power (planned) 0.97-1.00 at a one-octave interaction, false-positive rate "
-             "0.058-0.067 at none (docs/frontier.md, Precision and power); the agents' shares are descriptive", "(not in the paper: the suite's hypothesis)"),
+             "0.058-0.067 at none (docs/frontier.md, Precision and power); the agents' shares are descriptive",
+             "(not in the paper: the suite's hypothesis)"),
     "C6-acc": ("where both learn (5e-5): Dr. MAS − GRPO of the time-averaged avg@4",
                "paired by seed and question, 95 % bootstrap interval over questions, 6 seeds per estimator "
                "(docs/frontier.md, secondary estimate)", "Dr. MAS higher"),
