@@ -282,6 +282,11 @@ FIGURE, ACC_FIGURE = "frontier_collapse", "frontier_accuracy"
 COLORS = {GRPO: "tab:red", DRMAS: "tab:blue"}
 
 
+def _title_state(rnd: Round) -> str:
+    """What a figure's titles add while the round is incomplete (empty once every run has finished)."""
+    return "" if rnd.complete else f" (incomplete: {rnd.finished} of {rnd.total} runs)"
+
+
 def _lr_axis(ax, lrs) -> None:
     """A log lr axis ticked at the levels that have runs (labels like 0.000141), half an octave of room each side."""
     lrs = np.unique(np.asarray(lrs, dtype=float))
@@ -297,7 +302,7 @@ def fig_frontier(rnd: Round):
     stand at two levels or more (at one level the curve's slope is not identified). An arm without finished runs
     says so; the titles say "incomplete" until every run of the round has finished."""
     fig = figure(5.0 * len(ARMS), 3.6)
-    state = "" if rnd.complete else f" (incomplete: {rnd.finished} of {rnd.total} runs)"
+    state = _title_state(rnd)
     for ax, arm in zip(fig.subplots(1, len(ARMS)), ARMS):
         f = rnd.fronts.get((arm, PRIMARY))
         runs = rnd.events[(rnd.events["part"] == "round") & (rnd.events["arm"] == arm)]
@@ -335,7 +340,7 @@ def fig_accuracy(rnd: Round):
     """Each run's time-averaged avg@4 against the lr, per arm and estimator (the round's levels and "where both
     learn"), with the median per cell."""
     fig = figure(5.0 * len(ARMS), 3.6)
-    state = "" if rnd.complete else f" (incomplete: {rnd.finished} of {rnd.total} runs)"
+    state = _title_state(rnd)
     for ax, arm in zip(fig.subplots(1, len(ARMS)), ARMS):
         pts = rnd.accuracy[rnd.accuracy["arm"] == arm] if len(rnd.accuracy) else rnd.accuracy
         ax.set_title(f"{ARM_LABELS[arm]}: time-averaged avg@4{state}", **({"fontsize": 9} if state else {}))
