@@ -24,7 +24,7 @@ from typing import Any
 from drmas.config import ConfigError, load_config
 from drmas.config.identity import STALE_POLICIES
 from drmas.preflight import check_before_work
-from drmas.progress import quiet_third_party_progress
+from drmas.progress import quiet_third_party_progress, setup_logging
 from drmas.shutdown import children_end_with_me
 
 
@@ -48,11 +48,6 @@ def exit_codes() -> dict[type[Exception], int]:
     return {ConfigError: CONFIG_ERROR_EXIT, ConfigDrift: CONFIG_ERROR_EXIT, FolderLocked: 1, CheckpointDamaged: 1,
             CheckpointMismatch: 1, JsonlDamaged: 1, WriteFailed: 1, ToolUnavailable: 1, ToolFailure: 1, NonFiniteStop: 1,
             WorkerGroupLost: 1, LoggerUnavailable: 1, CorpusMismatch: 1, RecordsRefused: 1}
-
-
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -382,7 +377,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    _setup_logging(args.log_level)
+    setup_logging(args.log_level)
     if args.log_level.lower() != "debug":  # drmas's own progress only; --log-level debug keeps the libraries' bars
         quiet_third_party_progress()
     try:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import logging
 import re
 import sys
 import traceback
@@ -30,6 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from drmas.progress import setup_logging
 from drmas.shutdown import die_with_parent, ignore_ctrl_c
 
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
@@ -163,13 +165,15 @@ def loaded_plugins() -> tuple[str, ...]:
     return tuple(_LOADED)
 
 
-def init_worker(parent: int, sig: int, plugins: Sequence[str]) -> None:
+def init_worker(parent: int, sig: int, plugins: Sequence[str], log_level: int = logging.INFO) -> None:
     """Initializer of a worker process of a run (``ProcessPoolExecutor(initializer=init_worker, ...)``): it ends
     when ``parent`` dies (:func:`drmas.shutdown.die_with_parent` with ``sig``), leaves Ctrl-C to its parent, which
-    ends it (:func:`drmas.shutdown.ignore_ctrl_c`), and imports ``plugins`` (:func:`loaded_plugins` of the parent)
-    before it takes any work."""
+    ends it (:func:`drmas.shutdown.ignore_ctrl_c`), logs at ``log_level`` (the parent's
+    ``logging.getLogger().getEffectiveLevel()``, so that ``--log-level warning`` holds in the workers too) and
+    imports ``plugins`` (:func:`loaded_plugins` of the parent) before it takes any work."""
     die_with_parent(parent, sig)
     ignore_ctrl_c()
+    setup_logging(log_level)
     load_plugins(plugins)
 
 

@@ -33,6 +33,19 @@ QUIET_THIRD_PARTY_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 and in every process it starts (SFT workers, Ray actors); a value the user set is kept."""
 
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LOG_DATE_FORMAT = "%H:%M:%S"
+
+
+def setup_logging(level: int | str) -> None:
+    """The log lines of a drmas process (the command's and each worker process's, :func:`drmas.plugins.init_worker`,
+    so that a worker logs at its parent's ``--log-level``): ``14:02:11 INFO drmas.trainer: ...`` at ``level`` and
+    above (a :mod:`logging` level or its name, e.g. ``"warning"``)."""
+    if isinstance(level, str):
+        level = getattr(logging, level.upper())
+    logging.basicConfig(level=level, format=LOG_FORMAT, datefmt=LOG_DATE_FORMAT)
+
+
 def quiet_third_party_progress() -> None:
     """Third-party progress bars off (:data:`QUIET_THIRD_PARTY_ENV`), also where transformers is already imported."""
     for key, value in QUIET_THIRD_PARTY_ENV.items():

@@ -4,6 +4,7 @@ the example plug-ins of docs/examples/plugins/ as they are; `drmas.testing.check
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -177,6 +178,21 @@ def test_a_pickled_plugin_object_resolves_in_a_worker_that_loaded_the_plugins(tm
                              initargs=(os.getpid(), signal.SIGKILL, (loaded.target,))) as pool:
         value, pid = pool.submit(module.norm, module.Point(3.0, 4.0)).result(timeout=120)
     assert value == 5.0 and pid != os.getpid()
+
+
+@pytest.mark.parametrize("level", [logging.WARNING, logging.INFO])
+def test_a_worker_logs_at_its_parents_level(capfd, level):
+    """init_worker sets a spawned worker's log level to the one it is given (the warm-up passes its own): under
+    ``--log-level warning`` a worker's INFO lines (the SFT warm-up's "built Qwen2 policy ...") stay out of the
+    terminal, its warnings do not; at INFO both show."""
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=init_worker,
+                             initargs=(os.getpid(), signal.SIGKILL, (), level)) as pool:
+        worker_logger = logging.getLogger("drmas.test_worker")
+        pool.submit(worker_logger.info, "an info line of the worker").result(timeout=120)
+        pool.submit(worker_logger.warning, "a warning of the worker").result(timeout=120)
+    err = capfd.readouterr().err
+    assert re.search(r"\d\d:\d\d:\d\d WARNING drmas.test_worker: a warning of the worker", err), err
+    assert ("an info line of the worker" in err) == (level == logging.INFO), err
 
 
 # -------------------------------------------------------------------------------------- check_estimator

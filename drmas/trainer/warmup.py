@@ -163,7 +163,8 @@ def _warmup_locked(cfg: RunConfig, progress: bool) -> dict[str, Any]:
     # a worker ends with the warm-up's process, even one killed by SIGKILL (no orphan keeps training), and imports
     # the plug-ins this process imported (their agent roles, task sources and classes are known there too)
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=init_worker,
-                             initargs=(os.getpid(), signal.SIGKILL, loaded_plugins())) as pool:
+                             initargs=(os.getpid(), signal.SIGKILL, loaded_plugins(),
+                                       logging.getLogger().getEffectiveLevel())) as pool:
         # progress as timed log lines (bar=False): the bars of parallel processes would overwrite each other;
         # the workers start (at the first submit) deaf to a terminal's Ctrl-C: this process ends them
         with ctrl_c_left_to_me():
@@ -196,7 +197,6 @@ def _run_sft_job(job: _SFTJob, progress: bool, bar: bool | None = None) -> tuple
 
     if job.threads:
         torch.set_num_threads(job.threads)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     tokenizer = load_tokenizer(job.tokenizer_dir)
     device = resolve_device(job.device)
     model = build_policy(job.preset, tokenizer, seed=job.sft.seed).to(device)
