@@ -10,9 +10,10 @@ evaluations, ``DONE``; not its checkpoints, TensorBoard files, logs or summaries
 ``index.json`` from the source's, listing every run the destination does not hold as not started (``todo``, no wall
 time). It refuses, before copying anything, where a run the destination holds differs from the source's (a
 finished run's records do not change: one of the two folders is not what it seems) or where the destination holds
-a folder the source has not finished. It then reads the destination with :func:`analysis.runs.load_grid` and stops
-where a finished run there cannot be used, naming why; notes on usable runs (training its ``DONE`` marker calls
-degenerate, as a collapsed run's often is) are outcomes the report lists, and are logged.
+a folder the source has not finished. It reads the grid the destination would be with
+:func:`analysis.runs.load_grid` before it changes the destination, and stops, leaving it as it was, where a finished
+run there cannot be used, naming why; notes on usable runs (training its ``DONE`` marker calls degenerate, as a
+collapsed run's often is) are outcomes the report lists, and are logged.
 """
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ import argparse
 import filecmp
 import json
 import logging
+import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from analysis.run_records import NOT_STARTED, GridLoadError
@@ -79,31 +82,51 @@ def plan(src: Path, dst: Path) -> tuple[dict[str, dict], list[str], list[str]]:
 
 def publish(src: Path, dst: Path) -> dict[str, int]:
     """Copy the finished runs of ``src`` that ``dst`` lacks (records only) and write ``dst/index.json`` from
-    ``src``'s with every run ``dst`` does not hold listed as not started; returns the counts."""
+    ``src``'s with every run ``dst`` does not hold listed as not started; returns the counts. The new runs and the
+    index are first put together in a staging folder beside ``dst`` (the runs ``dst`` holds linked in) and read
+    there: ``dst`` changes only where the whole grid reads and every finished run can be used."""
     rows, new, same = plan(src, dst)
-    for name in new:
-        target = dst / name
-        target.mkdir(parents=True)
-        for path in record_files(src / name):
-            shutil.copy2(path, target / path.name)
+    finished = set(new) | set(same)
     for name, row in rows.items():
-        if not (dst / name / "DONE").is_file():
+        if name not in finished:
             rows[name] = {**row, "status": NOT_STARTED, "seconds": None}
-    grid = json.loads((src / "index.json").read_text()).get("grid", src.name)
-    dst.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(dst / "index.json", {"grid": grid, "runs": list(rows.values())}, indent=1)
+    index = {"grid": json.loads((src / "index.json").read_text()).get("grid", src.name), "runs": list(rows.values())}
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{dst.name}.publish-", dir=dst.parent) as tmp:
+        staged = Path(tmp)
+        for name in same:
+            (staged / name).symlink_to((dst / name).resolve(), target_is_directory=True)
+        for name in new:
+            (staged / name).mkdir()
+            for path in record_files(src / name):
+                shutil.copy2(path, staged / name / path.name)
+        atomic_write_json(staged / "index.json", index, indent=1)
+        checked = _check_readable(staged)
+        if isinstance(checked, GridError):
+            raise GridError(str(checked).replace(str(staged), str(dst))) from None
+        problems = [note.replace(str(staged), str(dst)) for note in checked]
+        dst.mkdir(exist_ok=True)
+        for name in new:
+            os.replace(staged / name, dst / name)
+    atomic_write_json(dst / "index.json", index, indent=1)
+    if problems:  # notes on usable runs (e.g. degenerate training after a collapse): outcomes, not copy faults
+        logger.info("%s: %d note(s) REPORT.md lists under \"Data problems\": %s", dst, len(problems),
+                    "; ".join(problems))
+    return {"copied": len(new), "already": len(same), "finished": len(finished), "listed": len(rows)}
+
+
+def _check_readable(grid_dir: Path) -> list[str] | GridError:
+    """The notes :func:`analysis.runs.load_grid` has on ``grid_dir``'s usable runs, or the :class:`GridError` (not
+    raised) that names why the grid does not read or which finished runs cannot be used."""
     try:
-        data = load_grid(dst)
+        data = load_grid(grid_dir)
     except GridLoadError as exc:
-        raise GridError(f"{dst} was written but does not read: {exc}") from None
+        return GridError(f"nothing copied: the grid would not read: {exc}")
     unusable = data.runs[~data.runs["usable"] & (data.runs["status"] != NOT_STARTED)]
     if len(unusable):
-        raise GridError(f"{dst} was written but {len(unusable)} of its finished run(s) cannot be used: "
-                        + "; ".join(f"{r.run}: {r.problem}" for r in unusable.itertuples()))
-    if data.problems:  # notes on usable runs (e.g. degenerate training after a collapse): outcomes, not copy faults
-        logger.info("%s: %d note(s) REPORT.md lists under \"Data problems\": %s", dst, len(data.problems),
-                    "; ".join(data.problems))
-    return {"copied": len(new), "already": len(same), "finished": len(new) + len(same), "listed": len(rows)}
+        return GridError(f"nothing copied: {len(unusable)} of the finished run(s) cannot be used: "
+                         + "; ".join(f"{r.run}: {r.problem}" for r in unusable.itertuples()))
+    return data.problems
 
 
 def main(argv: list[str] | None = None) -> int:

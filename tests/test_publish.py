@@ -82,15 +82,21 @@ def test_a_note_on_a_usable_run_is_logged_and_an_unusable_run_refused(source, tm
     with caplog.at_level("INFO", logger="experiments.publish"):
         assert publish(source, dst)["copied"] == 2
     assert f"{RUNS[0]}: degenerate training: agent verifier: gradient norm exactly 0" in caplog.text
+    index_before = (dst / "index.json").read_text()
     (source / RUNS[2] / "DONE").write_text("{}")
     (source / RUNS[2] / "config.yaml").unlink()
-    with pytest.raises(GridError, match=rf"1 of its finished run\(s\) cannot be used: {RUNS[2]}: its config.yaml "
-                                        "is missing"):
+    with pytest.raises(GridError, match=rf"nothing copied: 1 of the finished run\(s\) cannot be used: {RUNS[2]}: "
+                                        "its config.yaml is missing"):
         publish(source, dst)
-    shutil.rmtree(dst / RUNS[2])
+    # the destination is as it was: no half-published run, the index unchanged, no staging folder left behind
+    assert not (dst / RUNS[2]).exists() and (dst / "index.json").read_text() == index_before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dst", "src"]
     (source / RUNS[2] / "metrics.jsonl").write_text("")
-    with pytest.raises(GridError, match=r"was written but does not read: .*0 of train.steps = 200 steps recorded"):
+    with pytest.raises(GridError, match=r"nothing copied: the grid would not read: .*0 of train.steps = 200 steps "
+                                        "recorded") as err:
         publish(source, dst)
+    assert str(tmp_path / "dst") in str(err.value) and ".publish-" not in str(err.value)
+    assert not (dst / RUNS[2]).exists() and (dst / "index.json").read_text() == index_before
 
 
 def test_the_command_line_names_the_problem_in_one_line(source, tmp_path, capsys):
