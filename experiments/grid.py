@@ -27,6 +27,9 @@ runs sharing each GPU on a GPU machine (runs are spread over the GPUs with ``CUD
 folder made on another device is the same run (``train.device`` is not part of a run's identity).
 ``--ray ADDRESS`` runs every command as a Ray task on that cluster instead (:class:`RayLauncher`): same queue,
 index and run folders; Ray places each run by its CPU/GPU needs.
+``kill -USR1 <runner's pid>`` ends a sitting without losing work (:data:`DRAIN_SIGNAL`): no new run starts, the
+running ones finish, the index is written and the runner exits 0 naming the runs left for the next call (SIGTERM
+stops at once: a run in flight resumes from its last checkpoint, where its folder is kept).
 ``index.json`` in ``out_dir`` lists every run with its config, overrides, tags, status and wall time; it is
 rewritten atomically after each run finishes, from the run folders, and only grows: a run it lists that a call
 does not give (another ``--seeds``) keeps its row, and a run keeps its wall time until a new one is measured.
@@ -45,12 +48,15 @@ import itertools
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import yaml
 from pydantic import ValidationError
@@ -595,8 +601,30 @@ def run_grid(grid: Grid, options: GridOptions = GridOptions()) -> dict[str, str]
         return _run_grid(grid, options)
     if not grid.out_dir.exists():  # nothing holds it yet: a grid that cannot start is refused before the lock makes it
         refuse_unbuilt(grid, select_runs(grid, options.only))
-    with folder_lock(grid.out_dir, "grid out_dir"), children_end_with_me():
-        return _run_grid(grid, options)
+    with folder_lock(grid.out_dir, "grid out_dir"), children_end_with_me(), drain_on_signal() as drain:
+        return _run_grid(grid, options, drain)
+
+
+DRAIN_SIGNAL = signal.SIGUSR1
+"""Sent to the runner (``kill -USR1 <pid>``, not to its process group: a run's default action on SIGUSR1 is to end):
+it starts no new run and stops once the running ones (and warm-ups) have finished."""
+
+
+@contextmanager
+def drain_on_signal() -> Iterator[threading.Event]:
+    """While inside, :data:`DRAIN_SIGNAL` sets the event it yields (must be entered in the main thread)."""
+    drain = threading.Event()
+
+    def handler(_signum: int, _frame: object) -> None:
+        if not drain.is_set():
+            logger.warning("[grid] SIGUSR1: no new run starts; the grid stops once the running ones have finished")
+        drain.set()
+
+    previous = signal.signal(DRAIN_SIGNAL, handler)
+    try:
+        yield drain
+    finally:
+        signal.signal(DRAIN_SIGNAL, previous)
 
 
 def refuse_unbuilt(grid: Grid, todo: list[Run]) -> None:
@@ -655,7 +683,7 @@ def grid_lanes(grid: Grid, options: GridOptions) -> Lanes:
     return Lanes(jobs=jobs, gpus=gpus, device=options.device, launcher=launcher)
 
 
-def _run_grid(grid: Grid, options: GridOptions) -> dict[str, str]:
+def _run_grid(grid: Grid, options: GridOptions, drain: threading.Event | None = None) -> dict[str, str]:
     """Run every incomplete run of ``grid`` that ``options.only`` selects, after applying ``options.stale`` to
     the folders made with another config (:func:`set_aside_stale`); a dry run prints their commands instead.
     Returns run name -> error for the runs that failed; the others are complete. With ``options.summary``,
@@ -664,7 +692,7 @@ def _run_grid(grid: Grid, options: GridOptions) -> dict[str, str]:
     Scheduling: the warm-ups start first, each holding one of the lanes while it runs; a run starts on a
     free lane as soon as its checkpoints exist (queue order otherwise), so search runs go while the math
     base is still being trained. With the spec's `twins_together`, twins start side by side (a free lane waits for
-    its twin's: :func:`unstarted_twins`)."""
+    its twin's: :func:`unstarted_twins`). Once ``drain`` is set (:func:`drain_on_signal`) no new run starts."""
     selected = select_runs(grid, options.only)
     lanes = grid_lanes(grid, options)
     kept: dict[str, list[str]] = {}
@@ -680,10 +708,14 @@ def _run_grid(grid: Grid, options: GridOptions) -> dict[str, str]:
     kept_done = [r for r in selected if r.name in kept and r not in todo]
     reused = len(selected) - len(todo) - len(kept_done)
     logger.info("[grid] %s: %d run(s) already complete (reused), %d to compute", grid.name, reused, len(todo))
-    failed = _run_todo(grid, todo, lanes) if todo else {}
+    failed = _run_todo(grid, todo, lanes, drain) if todo else {}
     if not todo:
         write_index(grid, {}, {})
-    line = summary_line(grid, len(todo) - len(failed), reused, len(failed), len(kept_done))
+    left = [r.name for r in todo if r.name not in failed and status_of(grid, r) != "done"]
+    if left:
+        logger.warning("[grid] %s: stopped with %d run(s) not computed (%s%s); the same command computes them",
+                       grid.name, len(left), ", ".join(left[:3]), " ..." if len(left) > 3 else "")
+    line = summary_line(grid, len(todo) - len(failed) - len(left), reused, len(failed), len(kept_done))
     logger.info("[grid] %s", line)
     if options.summary is not None:
         with open(options.summary, "a") as fh:
@@ -708,8 +740,10 @@ def unstarted_twins(grid: Grid, run: Run, queue: list[Run]) -> list[Run]:
     return [] if started else mates
 
 
-def _run_todo(grid: Grid, todo: list[Run], lanes: Lanes) -> dict[str, str]:
-    """Run ``todo`` on ``lanes`` (warm-ups first); returns run name -> error for the runs that failed."""
+def _run_todo(grid: Grid, todo: list[Run], lanes: Lanes, drain: threading.Event | None = None) -> dict[str, str]:
+    """Run ``todo`` on ``lanes`` (warm-ups first) until it is done or ``drain`` is set and the running ones have
+    finished; returns run name -> error for the runs that failed."""
+    drain = drain or threading.Event()
     jobs, gpus, launcher = lanes.jobs, lanes.gpus, lanes.launcher
     warming = _start_warm_up(grid, todo, lanes.device, launcher)
     timings: dict[str, float] = {}
@@ -719,7 +753,7 @@ def _run_todo(grid: Grid, todo: list[Run], lanes: Lanes) -> dict[str, str]:
     queue = list(todo)
     held: list[Run] = []  # runs whose folder a live process holds (a runner before this one left it running)
     t_start = time.perf_counter()
-    while queue or running or held:
+    while (queue and not drain.is_set()) or running or held:
         for run in list(held):  # once its holder is gone, the run is complete or goes back to the queue
             if live_holder(grid.out_dir / run.name) is None:
                 held.remove(run)
@@ -734,7 +768,7 @@ def _run_todo(grid: Grid, todo: list[Run], lanes: Lanes) -> dict[str, str]:
                 if proc.returncode != 0:
                     raise RuntimeError(f"SFT warm-up of {config} failed (exit {proc.returncode}); see {log}")
                 logger.info("[grid] SFT warm-up of %s complete", config)
-        while queue and len(running) + len(warming) < jobs:
+        while queue and not drain.is_set() and len(running) + len(warming) < jobs:
             ready = next((r for r in queue if checkpoints_ready(r)), None)
             if ready is None:
                 if not warming:
@@ -836,6 +870,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{status:8s} {r.name:40s} {r.config} {' '.join(r.overrides)}")
             return 0
         failed = run_grid(grid, options_from(args))
+        left = [] if args.dry_run else [r.name for r in select_runs(grid, args.only)
+                                         if r.name not in failed and status_of(grid, r) != "done"]
         kept = [] if args.dry_run else [r.name for r in select_runs(grid, args.only)
                                         if read_index(grid.out_dir).get(r.name, {}).get("status") == STALE]
     except GridError as exc:
@@ -847,6 +883,9 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         print(f"experiments.grid: {len(failed)} run(s) failed: {sorted(failed)}; rerun to retry them", file=sys.stderr)
         return 1
+    if left:  # stopped by DRAIN_SIGNAL
+        print(f"[grid] {grid.name}: stopped with {len(left)} run(s) not computed; the same command computes them")
+        return 0
     if kept:
         print(f"[grid] {grid.name}: the selected runs are complete in {grid.out_dir}, except {len(kept)} finished run(s) "
               f"made with another config and kept as they are (--stale keep): {kept[:5]}{' ...' if len(kept) > 5 else ''}; "

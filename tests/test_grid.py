@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -515,3 +516,35 @@ def test_twins_start_side_by_side_when_the_spec_asks(tmp_path):
         gaps[together] = abs(launcher.started["b_drmas_s0"] - launcher.started["b_grpo_s0"])
         assert unstarted_twins(grid, grid.runs[2], grid.runs[3:]) == ([grid.runs[3]] if together else [])
     assert gaps[True] < 0.5 < 2.5 < gaps[False]
+
+
+def test_sigusr1_lets_the_running_runs_finish_and_starts_no_new_one(tmp_path, caplog):
+    """``kill -USR1`` ends a sitting without losing a run in flight: the runs started before it run to their end,
+    the queue's others do not start, and the grid stops. The launcher runs ``sleep`` in place of training (the
+    scheduling is what is tested)."""
+    from experiments.grid import DRAIN_SIGNAL, Grid, Lanes, LocalLauncher, Run, _run_todo, drain_on_signal
+
+    class Sleeper(LocalLauncher):
+        def __init__(self):
+            self.procs: dict[str, subprocess.Popen] = {}
+
+        def start(self, cmd, log, env):
+            name = next(a.split("=", 1)[1] for a in cmd if a.startswith("name="))
+            self.procs[name] = subprocess.Popen(["sleep", "2"])
+            return self.procs[name]
+
+    runs = [Run(f"r{i}_s0", "experiments/configs/cpu/search_base.yaml", [], 0, {"task": "search", "level": i})
+            for i in range(4)]
+    grid = Grid("drain", tmp_path / "runs", [], runs)
+    launcher = Sleeper()
+    with drain_on_signal() as drain:
+        threading.Timer(0.5, os.kill, (os.getpid(), DRAIN_SIGNAL)).start()
+        t0 = time.perf_counter()
+        with caplog.at_level("WARNING", logger="experiments.grid"):
+            assert _run_todo(grid, list(grid.runs), Lanes(jobs=2, gpus=0, device="auto", launcher=launcher),
+                             drain) == {}
+    assert drain.is_set() and "SIGUSR1: no new run starts" in caplog.text
+    assert sorted(launcher.procs) == ["r0_s0", "r1_s0"]  # the first two ran; r2 and r3 never started
+    assert all(proc.returncode == 0 for proc in launcher.procs.values())  # to their end, not killed
+    assert 1.9 < time.perf_counter() - t0
+    assert signal.getsignal(DRAIN_SIGNAL) is signal.SIG_DFL  # the handler is gone on the way out
