@@ -19,9 +19,9 @@ def missing_paths(**paths: Path | None) -> list[str]:
 
 def load_optional(path: Path | None) -> GridData | None:
     """The grid in ``path`` (with or without index.json: :func:`analysis.runs.load_grid`), or None where no path is
-    given or nothing is there (the grid was not run: "not run"). The command lines refuse a path that does not
-    exist before this (:func:`missing_paths`)."""
-    if path is None or not Path(path).exists():
+    given or nothing is there: no folder, or a folder that holds no run folder yet (the grid was not run: "not
+    run"). The command lines refuse a path that does not exist before this (:func:`missing_paths`)."""
+    if path is None or not Path(path).is_dir() or not any(p.is_dir() for p in Path(path).iterdir()):
         return None
     return load_grid(path)
 

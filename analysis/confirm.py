@@ -34,6 +34,7 @@ from drmas.io import atomic_write_text
 
 from analysis.claims import (CONFIRMATORY, DESCRIPTIVE, INCONCLUSIVE, NO_DIFFERENCE, NOT_RUN, REFUTED, REPRODUCED,
                              UNDERPOWERED, ClaimSpec, Judged, Option, Study, incomplete, incomplete_so_far)
+from analysis.cli import load_optional
 from analysis.confirm_rules import WINDOW, abandonment, clip_dial, elevation, frontier, record, time_to_collapse
 from analysis.events import collapse_event, declared_agents, finished, steps_of
 from analysis.formatting import fmt_interval, fmt_value, markdown
@@ -363,13 +364,6 @@ def judge(an: Confirmation | None, key: str) -> Judged:
     ours, head = _ours(an, key)
     return Judged(claim, PAPER_STABLE, ours, an.verdicts[key], headline=head, paper_headline=PAPER_STABLE_HEADLINE,
                   figures=(FIGURE,), design=CONFIRMATORY)
-
-
-def load_optional(path: Path | None) -> GridData | None:
-    """The round's grid from its folder; None where the folder or its runs do not exist yet."""
-    if path is None or not Path(path).is_dir() or not any(p.is_dir() for p in Path(path).iterdir()):
-        return None
-    return load_grid(Path(path))
 
 
 FIGURE = "stability_gradnorm_search_confirm"
