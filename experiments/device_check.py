@@ -29,7 +29,8 @@ from typing import Any
 import yaml
 
 from experiments.device_report import best_lanes, concurrency_table, load_metrics, run_timing
-from experiments.grid import ROOT, auto_jobs, hardware, load_grid
+from experiments.grid import auto_jobs, hardware
+from experiments.grid_runs import ROOT, load_grid
 from experiments.grid_spec import RESERVED_TAGS
 
 logger = logging.getLogger("experiments.device_check")

@@ -11,7 +11,6 @@ once) and the ``tags`` the analysis groups by (scalars; the runner adds ``entry`
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any, Optional, Union
 
 from pydantic import AfterValidator, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator

@@ -30,7 +30,7 @@ from pathlib import Path
 from analysis.run_records import NOT_STARTED, GridLoadError
 from analysis.runs import load_grid
 from drmas.io import atomic_write_json
-from experiments.grid import GridError, read_index
+from experiments.grid_runs import GridError, read_index
 
 logger = logging.getLogger("experiments.publish")
 

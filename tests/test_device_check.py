@@ -12,7 +12,7 @@ import yaml
 from drmas.config import load_config
 from experiments.device_check import prepare
 from experiments.device_report import best_lanes, compare_runs, concurrency_table, run_timing, step_rows
-from experiments.grid import ROOT, load_grid
+from experiments.grid_runs import ROOT, load_grid
 
 
 def _rec(step, **kw):

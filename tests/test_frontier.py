@@ -254,7 +254,7 @@ def test_the_grid_writer_reproduces_the_pilot_and_writes_a_valid_round(tmp_path)
     """experiments/frontier_grid.py: its entries for the pilot's levels are the committed pilot spec's, byte for byte,
     and a round written from levels validates and holds every pre-registered cell."""
     from experiments import frontier_grid as fg
-    from experiments.grid import load_grid as load_spec
+    from experiments.grid_runs import load_grid as load_spec
 
     pilot = "".join(fg.entry("pilot", arm, est, lr, "frontier_pilot") for lr in (7.07e-5, 1e-4, 1.41e-4, 2e-4)
                     for arm in frontier_rules.ARMS for est, _ in fg.ESTIMATORS)

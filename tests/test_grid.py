@@ -19,9 +19,9 @@ import yaml
 
 from drmas.config import load_config
 from drmas.config.identity import config_changes, saved_config_changes
-from experiments.grid import (ROOT, GridError, GridOptions, _split_values, auto_jobs, finished_steps, least_busy_gpu,
-                             load_grid, main, parse_jobs, run_grid, run_status, set_aside_stale, stale_changes,
-                             status_of, sweep_grid, warm_ups_needed)
+from experiments.grid import GridOptions, auto_jobs, least_busy_gpu, main, parse_jobs, run_grid
+from experiments.grid_runs import (ROOT, GridError, _split_values, finished_steps, load_grid, run_status,
+                                   set_aside_stale, stale_changes, status_of, sweep_grid, warm_ups_needed)
 from test_paper_configs import _data_paths
 
 
@@ -492,7 +492,8 @@ def test_twins_start_side_by_side_when_the_spec_asks(tmp_path):
     """With ``twins_together``, a lane freed while the other still runs waits, and the next twin pair starts on two
     lanes at once; without it the first twin starts alone. The launcher runs ``sleep`` in place of training (the
     scheduling is what is tested; the mini grid tests train for real)."""
-    from experiments.grid import Grid, Lanes, LocalLauncher, Run, _run_todo, unstarted_twins
+    from experiments.grid import Lanes, LocalLauncher, _run_todo, unstarted_twins
+    from experiments.grid_runs import Grid, Run
 
     class Sleeper(LocalLauncher):
         def __init__(self):
@@ -522,7 +523,8 @@ def test_sigusr1_lets_the_running_runs_finish_and_starts_no_new_one(tmp_path, ca
     """``kill -USR1`` ends a sitting without losing a run in flight: the runs started before it run to their end,
     the queue's others do not start, and the grid stops. The launcher runs ``sleep`` in place of training (the
     scheduling is what is tested)."""
-    from experiments.grid import DRAIN_SIGNAL, Grid, Lanes, LocalLauncher, Run, _run_todo, drain_on_signal
+    from experiments.grid import DRAIN_SIGNAL, Lanes, LocalLauncher, _run_todo, drain_on_signal
+    from experiments.grid_runs import Grid, Run
 
     class Sleeper(LocalLauncher):
         def __init__(self):

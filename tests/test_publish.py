@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from analysis.runs import load_grid
-from experiments.grid import GridError
+from experiments.grid_runs import GridError
 from experiments.publish import main, publish
 
 ROOT = Path(__file__).resolve().parent.parent
