@@ -57,6 +57,18 @@ def fmt_interval(low: float, high: float) -> str:
     return f"[{'0' if low == 0 else fmt_value(low)}, {'∞' if high == math.inf else fmt_value(high)}]"
 
 
+def fmt_lr(lr: float) -> str:
+    """A learning rate as the grids' configs write their levels: positional, 3 significant digits (``0.000141``,
+    ``0.0000861``; ``.3g`` would switch to ``8.61e-05`` below 1e-4 within one interval)."""
+    return np.format_float_positional(lr, precision=3, unique=False, fractional=False, trim="-")
+
+
+def fmt_octaves(value: float, low: float, high: float) -> str:
+    """A shift in octaves with its interval, signed, two decimals at every size: ``+0.44 octave [+0.00, +1.10]``
+    (:func:`fmt_value` would write a bound near 0 as ``0.000585``)."""
+    return f"{value:+.2f} octave [{low:+.2f}, {high:+.2f}]"
+
+
 # ------------------------------------------------------------------------------------------ tables
 def markdown(df: pd.DataFrame, index: bool = True, floatfmt: str = "{:.4g}") -> str:
     """A GitHub Markdown table (no tabulate dependency); floats via ``floatfmt``, NaN as empty."""

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +36,7 @@ from analysis.claims import (CONFIRMATORY, INCONCLUSIVE, NOT_RUN, ClaimSpec, Jud
                              incomplete_so_far)
 from analysis.cli import load_optional
 from analysis.events import grid_status
-from analysis.formatting import fmt_interval, fmt_value, markdown
+from analysis.formatting import fmt_interval, fmt_lr, fmt_octaves, fmt_value, markdown
 from analysis.frontier_design import BOOTSTRAP_DRAWS, X50_SPAN, Frontier, ladder_level, levels_rule, verdict
 from analysis.frontier_rules import (ARMS, HORIZONS, PRIMARY, SHARE_WINDOW, aft_time_ratio, arm_frontiers, differs,
                                      event_table, false_alarms, interaction, learned_counts, primary_tests, shares,
@@ -133,9 +132,9 @@ def lr50_words(f: Frontier, levels: np.ndarray) -> str:
         lo, hi = f.x50_interval(i)
         where = (f"above the levels (no collapse up to {levels.max():.3g})" if x50 >= hi_edge - 1e-9 else
                  f"below the levels (collapse down to {levels.min():.3g})" if x50 <= lo_edge + 1e-9 else
-                 f"{2 ** x50:.3g} [{2 ** lo:.3g}, {2 ** hi:.3g}]")
+                 f"{fmt_lr(2 ** x50)} [{fmt_lr(2 ** lo)}, {fmt_lr(2 ** hi)}]")
         parts.append(f"LR50 {estimator_label(est)} {where}")
-    return (", ".join(parts) + f"; Δ {f.delta:+.2f} octave {fmt_interval(*f.ci)} "
+    return (", ".join(parts) + f"; Δ {fmt_octaves(f.delta, *f.ci)} "
             f"(ratio {fmt_value(f.ratio)} {fmt_interval(2 ** f.ci[0], 2 ** f.ci[1])})")
 
 
@@ -198,7 +197,7 @@ def summary_markdown(rnd: Round, runs_dir: Path, pilot: bool = False) -> str:
                     for k in ("C6-n", "C6-s") if f"p_{k}" in rnd.tests), ""]
     if rnd.interactions:
         lines += ["## Arm x estimator interaction (Δ shared − Δ non-sharing, octaves)", "",
-                  *(f"- H = {h}: {i['estimate']:+.2f} {fmt_interval(i['low'], i['high'])}, two-sided p "
+                  *(f"- H = {h}: {fmt_octaves(i['estimate'], i['low'], i['high'])}, two-sided p "
                     f"{fmt_value(i['p'], 3)}" for h, i in rnd.interactions.items()), ""]
     if len(rnd.learned):
         lines += ["## Learned, then broke (per cell, by 200)", "", markdown(rnd.learned, index=False), ""]
@@ -402,16 +401,16 @@ def _ours(rnd: Round, key: str) -> tuple[str, str]:
     if key == "C6-n":
         f = rnd.fronts[("nonsharing", PRIMARY)]
         p = f"one-sided p {fmt_value(rnd.tests['p_C6-n'], 3)}, Holm {fmt_value(rnd.tests['p_holm_C6-n'], 3)}"
-        return "; ".join([*arm_words(rnd, "nonsharing"), p]), f"Δ {f.delta:+.2f} octave {fmt_interval(*f.ci)}"
+        return "; ".join([*arm_words(rnd, "nonsharing"), p]), f"Δ {fmt_octaves(f.delta, *f.ci)}"
     if key == "C6-s":
         f = rnd.fronts[("sharing", PRIMARY)]
         words = arm_words(rnd, "sharing")
         if (i := rnd.interactions.get(PRIMARY)) is not None:
-            words.append(f"interaction {i['estimate']:+.2f} octave {fmt_interval(i['low'], i['high'])}, p "
+            words.append(f"interaction {fmt_octaves(i['estimate'], i['low'], i['high'])}, p "
                          f"{fmt_value(i['p'], 3)}, Holm {fmt_value(rnd.tests['p_holm_C6-s'], 3)}")
         if (sw := share_words(rnd.shares["pooled"])) is not None:
             words.append(sw)
-        return "; ".join(words), f"shared Δ {f.delta:+.2f} octave {fmt_interval(*f.ci)}"
+        return "; ".join(words), f"shared Δ {fmt_octaves(f.delta, *f.ci)}"
     auc = rnd.learn_accuracy[rnd.learn_accuracy["measure"] == "auc"].iloc[0]
     head = f"{100 * auc['diff']:+.1f} pts [{100 * auc['low']:+.1f}, {100 * auc['high']:+.1f}]"
     fa = rnd.false_alarm

@@ -269,3 +269,14 @@ def test_the_grid_writer_reproduces_the_pilot_and_writes_a_valid_round(tmp_path)
     assert {r.seed for r in grid.runs if r.tags["study"] == "frontier"} == set(frontier_rules.ROUND_SEEDS)
     assert {r.seed for r in grid.runs if r.tags["study"] == "frontier_learn"} == set(frontier_rules.LEARN_SEEDS)
     assert fg.extension_level("extend upwards to 0.000283") == 0.000283 and fg.extension_level("levels 1e-4") is None
+
+
+def test_shifts_and_learning_rates_are_written_one_way_at_every_size():
+    """A shift in octaves keeps its sign and two decimals however near 0 a bound is, and a learning rate is
+    positional with 3 significant digits above and below 1e-4 (one interval, one notation)."""
+    from analysis.formatting import fmt_lr, fmt_octaves
+
+    assert fmt_octaves(0.4412, 0.000585, 1.1) == "+0.44 octave [+0.00, +1.10]"
+    assert fmt_octaves(-0.3, -1.234, 0.02) == "-0.30 octave [-1.23, +0.02]"
+    assert [fmt_lr(x) for x in (8.61e-05, 0.000173, 1e-4, 0.00028349, 5e-5)] == \
+        ["0.0000861", "0.000173", "0.0001", "0.000283", "0.00005"]

@@ -201,7 +201,7 @@ def model_card(cfg: RunConfig, key: str, step: int, identity: str, evals: dict[s
         f"| estimator | {cfg.algo.estimator} |", f"| config hash | `{identity}` |",
         f"| environment | {cfg.env.name} (orchestra {cfg.env.orchestra}) |",
         f"| architecture | {architecture} |", "",
-        *([f"A Qwen2 model with drmas's tokenizer is saved as the equal `LlamaForCausalLM` (zero output-projection "
+        *(["A Qwen2 model with drmas's tokenizer is saved as the equal `LlamaForCausalLM` (zero output-projection "
            "bias): beside a `qwen2` config, `AutoTokenizer` would build `Qwen2Tokenizer`, whose NFC normalizer the "
            "run's tokenizer does not have.", ""] if "trained as" in architecture else []),
         f"## Evaluation at step {step}", "", *scores, "",
