@@ -319,7 +319,7 @@ def _run_grid(grid: Grid, options: GridOptions, drain: threading.Event | None = 
     failed = _run_todo(grid, todo, lanes, drain) if todo else {}
     if not todo:
         write_index(grid, {}, {})
-    left = [r.name for r in todo if r.name not in failed and status_of(grid, r) != "done"]
+    left = not_computed(grid, todo, failed)
     if left:
         logger.warning("[grid] %s: stopped with %d run(s) not computed (%s%s); the same command computes them",
                        grid.name, len(left), ", ".join(left[:3]), " ..." if len(left) > 3 else "")
@@ -329,6 +329,11 @@ def _run_grid(grid: Grid, options: GridOptions, drain: threading.Event | None = 
         with open(options.summary, "a") as fh:
             fh.write(line + "\n")
     return failed
+
+
+def not_computed(grid: Grid, runs: list[Run], failed: dict[str, str]) -> list[str]:
+    """The runs of ``runs`` neither complete nor failed: those a drained call (:data:`DRAIN_SIGNAL`) left for the next."""
+    return [r.name for r in runs if r.name not in failed and status_of(grid, r) != "done"]
 
 
 TWIN_FREE_TAGS = ("estimator", "entry")
@@ -478,8 +483,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{status:8s} {r.name:40s} {r.config} {' '.join(r.overrides)}")
             return 0
         failed = run_grid(grid, options_from(args))
-        left = [] if args.dry_run else [r.name for r in select_runs(grid, args.only)
-                                         if r.name not in failed and status_of(grid, r) != "done"]
+        left = [] if args.dry_run else not_computed(grid, select_runs(grid, args.only), failed)
         kept = [] if args.dry_run else [r.name for r in select_runs(grid, args.only)
                                         if read_index(grid.out_dir).get(r.name, {}).get("status") == STALE]
     except GridError as exc:
