@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 from drmas.config import ConfigError, load_config
 from drmas.config.identity import STALE_POLICIES
 from drmas.preflight import check_before_work
-from drmas.progress import quiet_third_party_progress, setup_logging
+from drmas.progress import quiet_third_party_progress, reader_left, setup_logging
 from drmas.shutdown import children_end_with_me
 
 
@@ -386,9 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # the common case, reported without importing the other errors' modules
         print(f"drmas: {exc}", file=sys.stderr)
         return CONFIG_ERROR_EXIT
-    except BrokenPipeError:  # the reader left (`drmas config list | head`): stop quietly, as the Python docs advise
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush finds no pipe either
-        return 1
+    except BrokenPipeError:  # `drmas config list | head`
+        return reader_left()
     except Exception as exc:
         codes = exit_codes()
         if not isinstance(exc, tuple(codes)):

@@ -46,6 +46,14 @@ def setup_logging(level: int | str) -> None:
     logging.basicConfig(level=level, format=LOG_FORMAT, datefmt=LOG_DATE_FORMAT)
 
 
+def reader_left() -> int:
+    """What a command does when the reader of its output has gone (``... list | head`` raised
+    :class:`BrokenPipeError`): stop quietly, as the Python docs advise, with stdout pointed at devnull so that the
+    exit's flush finds no pipe either. Returns the exit status, 1."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 1
+
+
 def quiet_third_party_progress() -> None:
     """Third-party progress bars off (:data:`QUIET_THIRD_PARTY_ENV`), also where transformers is already imported."""
     for key, value in QUIET_THIRD_PARTY_ENV.items():

@@ -42,6 +42,7 @@ from typing import Any, Iterator
 
 from drmas.config.identity import STALE_POLICIES
 from drmas.locks import FolderLocked, describe_holder, folder_lock, live_holder
+from drmas.progress import reader_left
 from drmas.shutdown import children_end_with_me, die_with_parent
 from experiments.grid_runs import (STALE, Grid, GridError, Run, checkpoints_ready, device_overrides, load_grid,
                                    read_index, refuse_unbuilt, select_runs, set_aside_stale, stale_changes, status_of,
@@ -492,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
     except FolderLocked as exc:
         print(f"experiments.grid: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `python -m experiments.grid list SPEC | head`
+        return reader_left()
     if failed:
         print(f"experiments.grid: {len(failed)} run(s) failed: {sorted(failed)}; rerun to retry them", file=sys.stderr)
         return 1

@@ -117,13 +117,16 @@ def test_a_builtin_name_is_not_taken_by_someone_else():
         reg.get("c")
 
 
-def test_a_reader_that_leaves_early_gets_no_traceback():
-    """``drmas config list | head``: the reader has closed the pipe (here before the first line, so the write fails
-    whatever the timing); the command stops with exit code 1 and no traceback."""
+@pytest.mark.parametrize("command", [["drmas.cli", "config", "list"],
+                                     ["experiments.grid", "list", "experiments/grids/frontier.yaml"]])
+def test_a_reader_that_leaves_early_gets_no_traceback(command):
+    """``drmas config list | head`` or ``python -m experiments.grid list SPEC | head``: the reader has closed the
+    pipe (here before the first line, so the write fails whatever the timing); the command stops with exit code 1
+    and no traceback."""
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
-        out = subprocess.run([sys.executable, "-m", "drmas.cli", "config", "list"], cwd=REPO, stdout=write_end,
+        out = subprocess.run([sys.executable, "-m", *command], cwd=REPO, stdout=write_end,
                              stderr=subprocess.PIPE, text=True, timeout=300)
     finally:
         os.close(write_end)
