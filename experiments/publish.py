@@ -101,10 +101,7 @@ def publish(src: Path, dst: Path) -> dict[str, int]:
             for path in record_files(src / name):
                 shutil.copy2(path, staged / name / path.name)
         atomic_write_json(staged / "index.json", index, indent=1)
-        checked = _check_readable(staged)
-        if isinstance(checked, GridError):
-            raise GridError(str(checked).replace(str(staged), str(dst))) from None
-        problems = [note.replace(str(staged), str(dst)) for note in checked]
+        problems = _check_readable(staged, shown_as=dst)
         dst.mkdir(exist_ok=True)
         for name in new:
             os.replace(staged / name, dst / name)
@@ -115,18 +112,22 @@ def publish(src: Path, dst: Path) -> dict[str, int]:
     return {"copied": len(new), "already": len(same), "finished": len(finished), "listed": len(rows)}
 
 
-def _check_readable(grid_dir: Path) -> list[str] | GridError:
-    """The notes :func:`analysis.runs.load_grid` has on ``grid_dir``'s usable runs, or the :class:`GridError` (not
-    raised) that names why the grid does not read or which finished runs cannot be used."""
+def _check_readable(grid_dir: Path, shown_as: Path) -> list[str]:
+    """The notes :func:`analysis.runs.load_grid` has on ``grid_dir``'s usable runs; a :class:`GridError` naming why
+    the grid does not read or which finished runs cannot be used. Messages name ``shown_as`` (the destination) where
+    they would name ``grid_dir`` (its staging folder)."""
+    def shown(text: str) -> str:
+        return text.replace(str(grid_dir), str(shown_as))
+
     try:
         data = load_grid(grid_dir)
     except GridLoadError as exc:
-        return GridError(f"nothing copied: the grid would not read: {exc}")
+        raise GridError(shown(f"nothing copied: the grid would not read: {exc}")) from None
     unusable = data.runs[~data.runs["usable"] & (data.runs["status"] != NOT_STARTED)]
     if len(unusable):
-        return GridError(f"nothing copied: {len(unusable)} of the finished run(s) cannot be used: "
-                         + "; ".join(f"{r.run}: {r.problem}" for r in unusable.itertuples()))
-    return data.problems
+        raise GridError(shown(f"nothing copied: {len(unusable)} of the finished run(s) cannot be used: "
+                              + "; ".join(f"{r.run}: {r.problem}" for r in unusable.itertuples())))
+    return [shown(note) for note in data.problems]
 
 
 def main(argv: list[str] | None = None) -> int:
