@@ -1,13 +1,14 @@
 """What the analysis' command lines share: a command line generated from a dataclass of run arguments (CleanRL's
 ``Args`` style: one field, one flag, the help text in the field's ``metadata["help"]``), the refusal of a given folder
-that does not exist, and a grid that may not have run yet."""
+that does not exist, a grid that may not have run yet, and the report's study of one such grid."""
 from __future__ import annotations
 
 import argparse
 from dataclasses import MISSING, fields
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any, Callable, Union, get_args, get_origin, get_type_hints
 
+from analysis.claims import ClaimSpec, Option, Study
 from analysis.runs import GridData, load_grid
 
 
@@ -24,6 +25,21 @@ def load_optional(path: Path | None) -> GridData | None:
     if path is None or not Path(path).is_dir() or not any(p.is_dir() for p in Path(path).iterdir()):
         return None
     return load_grid(path)
+
+
+def one_grid_study(name: str, option: Option, analyze: Callable[[GridData, int, int], Any],
+                   claims: tuple[ClaimSpec, ...], figures: Callable[[Any, Path], list[Path]]) -> Study:
+    """A study of the report that reads one grid folder, ``--{option.flag} PATH`` (:func:`load_optional`): its
+    analysis is ``analyze(grid, seed, n_boot)``, or None where the folder was not given or nothing has run there
+    (each claim's judge then says "not run"); the analysis object carries its grid as ``.data``, whose problems
+    REPORT.md lists."""
+    return Study(
+        name=name,
+        analyze=lambda inputs: (analyze(inputs.grids[option.flag], inputs.seed, inputs.n_boot)
+                                if inputs.grids.get(option.flag) is not None else None),
+        claims=claims, figures=figures,
+        grids=lambda an: [an.data] if an is not None else [],
+        option=option, load=load_optional)
 
 
 def parse_dataclass_args(cls: type, prog: str, description: str, argv: list[str] | None = None) -> Any:

@@ -33,8 +33,8 @@ from drmas.algos.catalog import DRMAS, GRPO, estimator_label
 from drmas.io import atomic_write_text
 
 from analysis.claims import (CONFIRMATORY, DESCRIPTIVE, INCONCLUSIVE, NO_DIFFERENCE, NOT_RUN, REFUTED, REPRODUCED,
-                             UNDERPOWERED, ClaimSpec, Judged, Option, Study, incomplete, incomplete_so_far)
-from analysis.cli import load_optional
+                             UNDERPOWERED, ClaimSpec, Judged, Option, incomplete, incomplete_so_far)
+from analysis.cli import one_grid_study
 from analysis.confirm_rules import WINDOW, abandonment, clip_dial, elevation, frontier, record, time_to_collapse
 from analysis.events import collapse_event, declared_agents, finished, steps_of
 from analysis.formatting import fmt_interval, fmt_value, markdown
@@ -377,18 +377,15 @@ def _figures(an: Confirmation | None, out: Path) -> list[Path]:
     return save(fig_gradnorm_over_steps(an.data, main_arm, collapses=main_arm, window=WINDOW), out, FIGURE)
 
 
-STUDY = Study(
-    name="confirmatory round",
-    analyze=lambda inputs: (analyze(inputs.grids["confirm"], inputs.seed, inputs.n_boot)
-                            if inputs.grids.get("confirm") is not None else None),
+STUDY = one_grid_study(
+    "confirmatory round",
+    Option("confirm", "the confirmatory stability round's grid directory, results/runs/stability_confirm "
+                      "(claims C1-C5, accuracy-confirm)", "pass the out_dir of a grid, e.g. results/runs/cpu"),
+    analyze,
     claims=tuple(ClaimSpec(key, judge=lambda an, key=key: judge(an, key), rule=rule,
                            label=LABELS.get(key, (key, ""))[0], gloss=LABELS.get(key, (key, ""))[1])
                  for key, (_, rule) in CLAIMS.items()),
-    figures=_figures,
-    grids=lambda an: [an.data] if an is not None else [],
-    option=Option("confirm", "the confirmatory stability round's grid directory, results/runs/stability_confirm "
-                             "(claims C1-C5, accuracy-confirm)", "pass the out_dir of a grid, e.g. results/runs/cpu"),
-    load=load_optional)
+    figures=_figures)
 """The confirmatory round as a study of the report (:mod:`analysis.report`)."""
 
 

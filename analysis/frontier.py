@@ -32,9 +32,9 @@ from matplotlib.ticker import NullLocator
 from drmas.algos.catalog import DRMAS, GRPO, estimator_label
 from drmas.io import atomic_write_text
 
-from analysis.claims import (CONFIRMATORY, INCONCLUSIVE, NOT_RUN, ClaimSpec, Judged, Option, Study, incomplete,
+from analysis.claims import (CONFIRMATORY, INCONCLUSIVE, NOT_RUN, ClaimSpec, Judged, Option, incomplete,
                              incomplete_so_far)
-from analysis.cli import load_optional
+from analysis.cli import one_grid_study
 from analysis.events import grid_status
 from analysis.formatting import fmt_interval, fmt_lr, fmt_octaves, fmt_value, markdown
 from analysis.frontier_design import BOOTSTRAP_DRAWS, X50_SPAN, Frontier, ladder_level, levels_rule, verdict
@@ -431,17 +431,14 @@ def judge(rnd: Round | None, key: str) -> Judged:
                   figures=(FIGURE, ACC_FIGURE), design=CONFIRMATORY)
 
 
-STUDY = Study(
-    name="frontier round",
-    analyze=lambda inputs: (analyze(inputs.grids["frontier"], inputs.seed, inputs.n_boot)
-                            if inputs.grids.get("frontier") is not None else None),
+STUDY = one_grid_study(
+    "frontier round",
+    Option("frontier", "the frontier round's grid directory, results/runs/frontier (claims C6-n, C6-s, C6-acc; "
+                       "docs/frontier.md)", "pass the out_dir of a grid, e.g. results/runs/frontier"),
+    analyze,
     claims=tuple(ClaimSpec(key, judge=lambda rnd, key=key: judge(rnd, key), rule=rule, gloss=GLOSS[key])
                  for key, (_, rule, _) in CLAIMS.items()),
-    figures=_figures,
-    grids=lambda rnd: [rnd.data] if rnd is not None else [],
-    option=Option("frontier", "the frontier round's grid directory, results/runs/frontier (claims C6-n, C6-s, "
-                              "C6-acc; docs/frontier.md)", "pass the out_dir of a grid, e.g. results/runs/frontier"),
-    load=load_optional)
+    figures=_figures)
 """The frontier round as a study of the report (:mod:`analysis.report`)."""
 
 

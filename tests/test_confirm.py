@@ -247,9 +247,9 @@ def test_report_judges_name_the_verdict_and_its_numbers(tmp_path):
     assert "answer: 18/18 above" in confirm.judge(an, "C3").headline
     missing = confirm.judge(None, "C1")
     assert missing.verdict == "not run" and "has not run" in missing.ours and missing.design == CONFIRMATORY
-    assert confirm.load_optional(tmp_path / "nothing") is None
+    assert confirm.STUDY.load(tmp_path / "nothing") is None
     (tmp_path / "empty").mkdir()
-    assert confirm.load_optional(tmp_path / "empty") is None  # a round's folder before its first run: "not run"
+    assert confirm.STUDY.load(tmp_path / "empty") is None  # a round's folder before its first run: "not run"
 
 
 def test_the_committed_report_labels_the_confirmatory_verdicts_c1_to_c5_and_says_they_are_confirmatory():
