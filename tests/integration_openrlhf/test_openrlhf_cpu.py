@@ -294,8 +294,10 @@ def test_backend_update_on_ray_equals_the_local_backend(backend_run):
 
 
 def test_checkpoint_round_trip_and_export(backend_run, tmp_path):
-    """get_states -> update -> set_states -> the same update: identical metrics and weights; save_models writes
-    checkpoints transformers loads, holding the weights the rollout engine has."""
+    """get_states -> update -> set_states -> the same update: identical metrics and weights, also where a later
+    get_states was made in between (the next checkpoint's DeepSpeed save, of a run stopped before its own checkpoint
+    rotated: it goes under the other tag); save_models writes checkpoints transformers loads, holding the weights the
+    rollout engine has."""
     from transformers import AutoModelForCausalLM
 
     backend = backend_run["backend"]
@@ -303,6 +305,9 @@ def test_checkpoint_round_trip_and_export(backend_run, tmp_path):
     states = backend.get_states()
     first = backend.update(batches, step_seed=5)
     first_weights = {key: named_weights(e.model) for key, e in backend.engines.items()}
+    later = backend.get_states()
+    assert all(later[key]["tag"] != states[key]["tag"] and later[key]["files"] != states[key]["files"]
+               for key in states)
     backend.set_states(states)
     restored = {key: named_weights(e.model) for key, e in backend.engines.items()}
     assert any(not torch.equal(restored[k][n], first_weights[k][n]) for k in restored for n in restored[k])

@@ -31,12 +31,13 @@ backends):
    reports (entropy, control-token probability; :func:`~drmas.workers.openrlhf.seam.behavior_metrics`).
 
 Checkpoints: ``get_states`` writes DeepSpeed checkpoints (model, optimizer, scheduler) of every group to
-``resources.checkpoint_dir/<model key>`` and returns their location; ``set_states`` loads them and
-refreshes the engines. ``save_models`` writes Hugging Face checkpoints (OpenRLHF's own ``save_model``);
-``save_checkpoint_models`` writes those of a run's DeepSpeed checkpoints, on a backend built without rollout
-engines (``drmas export``, :mod:`drmas.trainer.export`). A dead actor raises ``WorkerDied``;
-this backend cannot ``restart`` (its capabilities say so), so the trainer stops with its last checkpoint
-named, and starting the same command again resumes from it.
+``resources.checkpoint_dir/<model key>``, under two tags in turn, and returns their location, tag and each file's
+sha256 (which the run's checkpoint manifest then covers); ``set_states`` checks the files against that record, loads
+them weights-only and refreshes the engines. ``save_models`` writes Hugging Face checkpoints (OpenRLHF's own
+``save_model``); ``save_checkpoint_models`` writes those of a run's DeepSpeed checkpoints, on a backend built
+without rollout engines (``drmas export``, :mod:`drmas.trainer.export`). A dead actor raises ``WorkerDied``; this
+backend cannot ``restart`` (its capabilities say so), so the trainer stops with its last checkpoint named, and
+starting the same command again resumes from it.
 """
 from __future__ import annotations
 
@@ -51,17 +52,17 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from drmas.algos import ControlTokens
-from drmas.checkpoints import CheckpointDamaged, refused_pickle
+from drmas.checkpoints import CheckpointDamaged, file_digests, refused_pickle, verify_files
 from drmas.config import ConfigError
 from drmas.rollout.base import Generation, SamplingParams, make_engine
 from drmas.rollout.vllm_engine import VLLMRolloutEngine, generation_config_eos
 from drmas.workers.openrlhf import api, cpu_compat, seam, sync_check
+from drmas.workers.openrlhf.seam import CHECKPOINT_TAGS
 from drmas.workers.base import ray_get
 from drmas.workers.base import UpdateBatch, WorkerSpec
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_TAG = "drmas_latest"
 # CPU mode's measures apply before anything imports OpenRLHF: here, because every DeepSpeed rank (a Ray actor)
 # imports this module first when it unpickles DrmasPolicyActor (DrmasActorMixin is its first base).
 CPU_MODE = cpu_compat.apply()
@@ -517,6 +518,7 @@ class OpenRLHFBackend:
         self.sync_reports: dict[str, list[sync_check.SyncReport]] = {}
         self._control_tokens: dict[str, ControlTokens] = {}  # per model, on first use
         self._sync_refs: dict[str, sync_check.Reference] = {}
+        self._tags: dict[str, str] = {}  # per model, the DeepSpeed tag last saved or loaded (CHECKPOINT_TAGS)
         self.plan = seam.plan_placement({key: (spec.model.resources.num_gpus, spec.model.rollout.tensor_parallel_size)
                                          for key, spec in self.specs.items()})
         if not ray.is_initialized():
@@ -650,21 +652,38 @@ class OpenRLHFBackend:
 
     # ------------------------------------------------------------------------------ checkpoints
     def get_states(self) -> dict[str, dict]:
-        """DeepSpeed checkpoints of every group (the trainer stores only their location)."""
+        """DeepSpeed checkpoints of every group (model, optimizer, scheduler), each under the tag of
+        :data:`CHECKPOINT_TAGS` that the last one did not use; the trainer stores their location, tag and each file's
+        sha256 and size (:func:`~drmas.checkpoints.file_digests`), which the run's checkpoint manifest then covers."""
         out = {}
-        for key, spec in self.specs.items():
-            self._with_states(key, lambda key=key: self._run(key, "save_checkpoint", tag=CHECKPOINT_TAG))
-            out[key] = {"deepspeed_checkpoint": os.path.abspath(f"{spec.model.resources.checkpoint_dir}/{key}/_actor"),
-                        "tag": CHECKPOINT_TAG}
+        for key in self.specs:
+            tag = next(t for t in CHECKPOINT_TAGS if t != self._tags.get(key))
+            self._with_states(key, lambda key=key, tag=tag: self._run(key, "save_checkpoint", tag=tag))
+            self._tags[key] = tag
+            where = Path(self._deepspeed_dir(key)).resolve()
+            out[key] = {"deepspeed_checkpoint": str(where), "tag": tag, "files": file_digests(where / tag)}
         return out
 
+    def _deepspeed_dir(self, key: str) -> str:
+        """Where group ``key``'s DeepSpeed checkpoints are (OpenRLHF's ``ckpt.path``/_actor)."""
+        return f"{self.specs[key].model.resources.checkpoint_dir}/{key}/_actor"
+
     def _load_checkpoint(self, key: str, state: dict) -> None:
-        """Group ``key``'s DeepSpeed checkpoint (``state``, as :meth:`get_states` returned it) into its ranks, every
-        file read weights-only; one the ranks cannot read, or that holds another pickled object, is
-        :class:`CheckpointDamaged`. Its states must be on the device (:meth:`_with_states`)."""
+        """Group ``key``'s DeepSpeed checkpoint (``state``, as :meth:`get_states` returned it) into its ranks: its
+        files first checked against the sha256 and sizes ``state`` recorded, then each read weights-only. A file
+        that differs (damaged, or overwritten by a later write), one the ranks cannot read, or one that holds another
+        pickled object, is :class:`CheckpointDamaged`. Its states must be on the device (:meth:`_with_states`)."""
         import ray
 
-        tag, where = state["tag"], f"{self.specs[key].model.resources.checkpoint_dir}/{key}/_actor"
+        tag, where = state["tag"], self._deepspeed_dir(key)
+        if "files" in state:
+            verify_files(Path(where) / tag, state["files"], "the run's checkpoint",
+                         why="not the DeepSpeed state the run's checkpoint was written with: damaged or overwritten "
+                             "since; restore the files DeepSpeed wrote, or delete the run's checkpoints to start from "
+                             "step 0")
+        else:
+            logger.warning("model %s: the run's checkpoint records no sha256 of its DeepSpeed checkpoint %r under %s; "
+                           "loaded unverified", key, tag, where)
         try:
             results = self._run(key, "drmas_load_checkpoint", tag=tag)
         except ray.exceptions.RayTaskError as exc:  # a truncated or unreadable file: the rank's error, through Ray
@@ -678,6 +697,7 @@ class OpenRLHFBackend:
             raise CheckpointDamaged(refused)
         if not all(results):
             raise CheckpointDamaged(f"model {key!r}: no DeepSpeed checkpoint {tag!r} under {where}")
+        self._tags[key] = tag
 
     def set_states(self, states: dict[str, dict]) -> None:
         for key, state in states.items():

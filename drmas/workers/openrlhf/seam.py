@@ -299,6 +299,14 @@ def warmup_optimizer_steps(spec: WorkerSpec) -> int:
     return spec.optim.warmup_steps * spec.optim.mini_batches
 
 
+CHECKPOINT_TAGS = ("drmas_a", "drmas_b")
+"""The DeepSpeed tags a group's checkpoints are written under, in turn: a write never overwrites the states the run's
+latest checkpoint points to, so a run stopped between the DeepSpeed save and its own checkpoint's rotation resumes
+from that checkpoint whole (:meth:`~drmas.workers.openrlhf.backend.OpenRLHFBackend.get_states`). OpenRLHF deletes
+the oldest tag before a save that would make ``ckpt.max_num`` of them, so :func:`openrlhf_overrides` sets one more
+than these."""
+
+
 #: drmas ``algo.aggregation`` -> OpenRLHF ``--actor.loss_agg_mode``.
 LOSS_AGG_MODES = {"token_mean": "token-mean", "seq_mean_token_mean": "seq-mean-token-mean"}
 
@@ -344,7 +352,7 @@ def openrlhf_overrides(spec: WorkerSpec, gpu_memory_utilization: float) -> dict[
         "actor.entropy_coef": algo.entropy_coef if algo.entropy_coef > 0 else None, "actor.policy_loss_type": "ppo",
         "algo.kl.init_coef": 0.0, "algo.kl.use_loss": False, "algo.advantage.is_correction_level": "off",
         "ckpt.path": ckpt, "ckpt.output_dir": f"{ckpt}/hf", "ckpt.load_enable": False, "ckpt.save_hf": False,
-        "ckpt.disable_ds": False,
+        "ckpt.disable_ds": False, "ckpt.max_num": len(CHECKPOINT_TAGS) + 1,
     }
 
 
