@@ -484,9 +484,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{status:8s} {r.name:40s} {r.config} {' '.join(r.overrides)}")
             return 0
         failed = run_grid(grid, options_from(args))
-        left = [] if args.dry_run else not_computed(grid, select_runs(grid, args.only), failed)
-        kept = [] if args.dry_run else [r.name for r in select_runs(grid, args.only)
-                                        if read_index(grid.out_dir).get(r.name, {}).get("status") == STALE]
+        selected, index = ([], {}) if args.dry_run else (select_runs(grid, args.only), read_index(grid.out_dir))
+        left = not_computed(grid, selected, failed)
+        kept = [r.name for r in selected if index.get(r.name, {}).get("status") == STALE]
     except GridError as exc:
         print(f"experiments.grid: {exc}", file=sys.stderr)
         return 2
