@@ -53,20 +53,37 @@ class BackendEntry:
 
     target: str
     capabilities: Capabilities
+    states_check: str | None = None
+    """``"module:function"``: ``function(specs, states)`` checks a checkpoint's worker states against what they
+    point to outside the run's checkpoint folder (openrlhf: the DeepSpeed files) and raises
+    :class:`~drmas.checkpoints.CheckpointDamaged`; ``None``: a worker state holds everything it needs."""
 
     def build(self, specs: dict[str, Any], **options: Any) -> Any:
         """An instance of the class at ``target`` for the worker groups ``specs`` (``WorkerSpec`` by key), with
         the class's keyword ``options``."""
-        module, _, name = self.target.partition(":")
-        return getattr(importlib.import_module(module), name)(specs, **options)
+        return _imported(self.target)(specs, **options)
+
+    def check_states(self, specs: dict[str, Any], states: dict[str, Any]) -> None:
+        """Run :attr:`states_check` on a checkpoint's worker ``states``, before a backend is built to load them
+        (``drmas export`` refuses a damaged checkpoint before it starts the backend)."""
+        if self.states_check is not None:
+            _imported(self.states_check)(specs, states)
+
+
+def _imported(target: str) -> Any:
+    """The object at ``"module:name"``."""
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 BACKENDS: Registry[BackendEntry] = Registry("backend (train.backend)")
 
 
-def register_backend(name: str, target: str, capabilities: Capabilities) -> BackendEntry:
-    """Register the backend class at ``target`` (``"module:Class"``) as ``train.backend: name``."""
-    return BACKENDS.register(name)(BackendEntry(target, capabilities))
+def register_backend(name: str, target: str, capabilities: Capabilities,
+                     states_check: str | None = None) -> BackendEntry:
+    """Register the backend class at ``target`` (``"module:Class"``) as ``train.backend: name``, with its
+    :attr:`BackendEntry.states_check` if its worker states point outside the checkpoint folder."""
+    return BACKENDS.register(name)(BackendEntry(target, capabilities, states_check))
 
 
 
@@ -77,4 +94,4 @@ register_backend("ray", "drmas.workers.ray_backend:RayBackend", _IN_WORKER)
 register_backend("openrlhf", "drmas.workers.openrlhf.backend:OpenRLHFBackend", Capabilities(
     engines=("vllm", "fast", "hf"), generates_with="vLLM (GPU) or drmas's engines in the driver", restart=False,
     reference_model=False, aggregations=("token_mean", "seq_mean_token_mean"), needs_checkpoint=True,
-    one_temperature_per_model=True))
+    one_temperature_per_model=True), states_check="drmas.workers.openrlhf.seam:check_states")

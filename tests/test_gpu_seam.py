@@ -797,3 +797,40 @@ def test_openrlhf_aggregate_loss_with_drmas_normalizers_is_the_minibatch_token_m
     seq = sum(float(loss_mod.aggregate_loss(m["advantages"], m["action_mask"], False, 1, tokens, samples)) for m in micro)
     assert math.isclose(seq, (1.0 + 2.0 + 3.0) / 3, rel_tol=1e-6)  # sequence mean over 3 samples
 
+
+
+def test_a_deepspeed_checkpoint_is_checked_against_its_record_before_any_rank_reads_it(tmp_path, caplog):
+    """The openrlhf backend's registered states check (what ``drmas export`` runs before it starts the backend, and
+    the backend before a load): each DeepSpeed file against the sha256 and size the worker state recorded. A byte
+    flipped, a file cut short, one gone: one line naming the file; the intact files pass; a state with no record
+    passes with a warning."""
+    from drmas.backends import BACKENDS
+    from drmas.checkpoints import CheckpointDamaged, file_digests
+
+    spec = _spec(key="solver_model")
+    spec = WorkerSpec(spec.key, spec.model.model_copy(update={"resources": spec.model.resources.model_copy(
+        update={"checkpoint_dir": str(tmp_path / "deepspeed")})}), spec.optim, spec.algo, seed=0)
+    folder = tmp_path / "deepspeed" / "solver_model" / "_actor" / seam.CHECKPOINT_TAGS[0]
+    folder.mkdir(parents=True)
+    written = {"mp_rank_00_model_states.pt": bytes(range(256)) * 8, "zero_pp_rank_0_optim_states.pt": b"adam" * 300}
+    for name, data in written.items():
+        (folder / name).write_bytes(data)
+    state = {"deepspeed_checkpoint": str(folder.parent), "tag": seam.CHECKPOINT_TAGS[0], "files": file_digests(folder)}
+    check = BACKENDS.get("openrlhf").check_states
+    check({"solver_model": spec}, {"solver_model": state})  # intact: passes
+    target = folder / "mp_rank_00_model_states.pt"
+    original = written["mp_rank_00_model_states.pt"]
+    for damaged, words in [(bytes([original[0] ^ 1]) + original[1:],
+                            "sha256 differs from the run's checkpoint (not the DeepSpeed state"),
+                           (original[:100], f"100 bytes, the run's checkpoint says {len(original)}")]:
+        target.write_bytes(damaged)
+        with pytest.raises(CheckpointDamaged) as err:
+            check({"solver_model": spec}, {"solver_model": state})
+        assert f"{target}: {words}" in str(err.value) and "\n" not in str(err.value), str(err.value)
+    target.unlink()
+    with pytest.raises(CheckpointDamaged, match="mp_rank_00_model_states.pt"):
+        check({"solver_model": spec}, {"solver_model": state})
+    with caplog.at_level("WARNING", logger="drmas.workers.openrlhf.seam"):
+        check({"solver_model": spec}, {"solver_model": {k: v for k, v in state.items() if k != "files"}})
+    assert "records no sha256" in caplog.text
+    assert BACKENDS.get("local").states_check is None and BACKENDS.get("ray").states_check is None

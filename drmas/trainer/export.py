@@ -9,7 +9,8 @@ the sha256 manifest; and ``drmas_export.json`` (what was exported, from which ch
 
 What is refused, with one line and before anything is written: a folder that is not a run folder, a run in progress
 (its lock is held), a checkpoint without a manifest (unverified), one that fails verification or holds a pickled
-object (:meth:`RunCheckpoints.load`), a run killed while checkpointing (``drmas train`` recovers it on resume), and a
+object (:meth:`RunCheckpoints.load`), one whose worker states point to files that differ from what they recorded
+(openrlhf: the DeepSpeed checkpoint, checked before the backend starts), a run killed while checkpointing (``drmas train`` recovers it on resume), and a
 ``--out`` folder that holds something other than an earlier export. ``DIR`` is written in a temporary folder beside
 it and renamed into place (:func:`drmas.io.atomic_folder`): a reader sees the whole export or the previous one.
 
@@ -73,6 +74,7 @@ def export_run(run_dir: str | Path, out: str | Path | None = None) -> dict[str, 
         checkpoints = RunCheckpoints(run_dir)
         step = _verified_step(checkpoints)
         _, states = checkpoints.load(list(cfg.models))
+        check_backend_states(cfg, states)
         evals = _evaluations(run_dir, step)
         identity = (read_json_object(run_dir / "manifest.json") or {}).get("config_hash") or config_hash(cfg)
         with atomic_folder(out) as tmp:
@@ -86,6 +88,15 @@ def export_run(run_dir: str | Path, out: str | Path | None = None) -> dict[str, 
             (tmp / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     logger.info("exported step %d of %s -> %s (%s)", step, run_dir, out, ", ".join(cfg.models))
     return {key: out / key for key in cfg.models}
+
+
+def check_backend_states(cfg: RunConfig, states: dict[str, Any]) -> None:
+    """The files a worker state points to outside the checkpoint folder (openrlhf: its DeepSpeed checkpoint)
+    checked against what the state recorded, before a backend starts (:meth:`drmas.backends.BackendEntry.check_states`)."""
+    from drmas.backends import BACKENDS
+    from drmas.trainer.trainer import worker_specs
+
+    BACKENDS.get(cfg.train.backend).check_states(worker_specs(cfg), states)
 
 
 def trained_weights(cfg: RunConfig, states: dict[str, Any], scratch: Path) -> dict[str, dict[str, Any]]:

@@ -52,7 +52,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from drmas.algos import ControlTokens
-from drmas.checkpoints import CheckpointDamaged, file_digests, refused_pickle, verify_files
+from drmas.checkpoints import CheckpointDamaged, file_digests, refused_pickle
 from drmas.config import ConfigError
 from drmas.rollout.base import Generation, SamplingParams, make_engine
 from drmas.rollout.vllm_engine import VLLMRolloutEngine, generation_config_eos
@@ -660,30 +660,19 @@ class OpenRLHFBackend:
             tag = next(t for t in CHECKPOINT_TAGS if t != self._tags.get(key))
             self._with_states(key, lambda key=key, tag=tag: self._run(key, "save_checkpoint", tag=tag))
             self._tags[key] = tag
-            where = Path(self._deepspeed_dir(key)).resolve()
+            where = seam.deepspeed_dir(self.specs[key]).resolve()
             out[key] = {"deepspeed_checkpoint": str(where), "tag": tag, "files": file_digests(where / tag)}
         return out
 
-    def _deepspeed_dir(self, key: str) -> str:
-        """Where group ``key``'s DeepSpeed checkpoints are (OpenRLHF's ``ckpt.path``/_actor)."""
-        return f"{self.specs[key].model.resources.checkpoint_dir}/{key}/_actor"
-
     def _load_checkpoint(self, key: str, state: dict) -> None:
         """Group ``key``'s DeepSpeed checkpoint (``state``, as :meth:`get_states` returned it) into its ranks: its
-        files first checked against the sha256 and sizes ``state`` recorded, then each read weights-only. A file
+        files first checked against the sha256 and sizes ``state`` recorded (:func:`~drmas.workers.openrlhf.seam.check_state`), then each read weights-only. A file
         that differs (damaged, or overwritten by a later write), one the ranks cannot read, or one that holds another
         pickled object, is :class:`CheckpointDamaged`. Its states must be on the device (:meth:`_with_states`)."""
         import ray
 
-        tag, where = state["tag"], self._deepspeed_dir(key)
-        if "files" in state:
-            verify_files(Path(where) / tag, state["files"], "the run's checkpoint",
-                         why="not the DeepSpeed state the run's checkpoint was written with: damaged or overwritten "
-                             "since; restore the files DeepSpeed wrote, or delete the run's checkpoints to start from "
-                             "step 0")
-        else:
-            logger.warning("model %s: the run's checkpoint records no sha256 of its DeepSpeed checkpoint %r under %s; "
-                           "loaded unverified", key, tag, where)
+        tag, where = state["tag"], seam.deepspeed_dir(self.specs[key])
+        seam.check_state(self.specs[key], state)
         try:
             results = self._run(key, "drmas_load_checkpoint", tag=tag)
         except ray.exceptions.RayTaskError as exc:  # a truncated or unreadable file: the rank's error, through Ray

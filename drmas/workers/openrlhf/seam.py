@@ -21,15 +21,20 @@ and its vLLM Ray actors with the DeepSpeed -> vLLM weight sync. This module hold
 """
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 
+from drmas.checkpoints import verify_files
 from drmas.workers import minibatch
 from drmas.workers.base import WorkerSpec
+
+logger = logging.getLogger(__name__)
 
 PADDING_ROW = -1  # row index of a padding sample in a mini-batch plan
 
@@ -305,6 +310,36 @@ latest checkpoint points to, so a run stopped between the DeepSpeed save and its
 from that checkpoint whole (:meth:`~drmas.workers.openrlhf.backend.OpenRLHFBackend.get_states`). OpenRLHF deletes
 the oldest tag before a save that would make ``ckpt.max_num`` of them, so :func:`openrlhf_overrides` sets one more
 than these."""
+
+
+def deepspeed_dir(spec: WorkerSpec) -> Path:
+    """Where worker group ``spec``'s DeepSpeed checkpoints are: OpenRLHF's ``ckpt.path`` (:func:`openrlhf_overrides`)
+    and its ``_actor``."""
+    return Path(f"{spec.model.resources.checkpoint_dir}/{spec.key}/_actor")
+
+
+def check_state(spec: WorkerSpec, state: Mapping[str, Any]) -> None:
+    """Worker group ``spec``'s DeepSpeed checkpoint against the sha256 and size of each file its worker ``state``
+    recorded (:meth:`~drmas.workers.openrlhf.backend.OpenRLHFBackend.get_states`): one that differs (damaged, or
+    overwritten by a later write) or is missing is :class:`~drmas.checkpoints.CheckpointDamaged`, with one line
+    naming it. A state without the record (written before the backend recorded one) is loaded unverified, with a
+    warning. Reads the files only: no DeepSpeed rank, no Ray (``drmas export`` and a resume check before they
+    start either)."""
+    where = deepspeed_dir(spec) / state["tag"]
+    if "files" not in state:
+        logger.warning("model %s: the run's checkpoint records no sha256 of its DeepSpeed checkpoint %r under %s; "
+                       "loaded unverified", spec.key, state["tag"], where.parent)
+        return
+    verify_files(where, state["files"], "the run's checkpoint",
+                 why="not the DeepSpeed state the run's checkpoint was written with: damaged or overwritten since; "
+                     "restore the files DeepSpeed wrote, or delete the run's checkpoints to start from step 0")
+
+
+def check_states(specs: Mapping[str, WorkerSpec], states: Mapping[str, Mapping[str, Any]]) -> None:
+    """:func:`check_state` for every worker group of ``states`` (the openrlhf backend's registered states check,
+    :attr:`drmas.backends.BackendEntry.states_check`)."""
+    for key, state in states.items():
+        check_state(specs[key], state)
 
 
 #: drmas ``algo.aggregation`` -> OpenRLHF ``--actor.loss_agg_mode``.
