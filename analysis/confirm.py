@@ -37,7 +37,7 @@ from analysis.claims import (CONFIRMATORY, DESCRIPTIVE, INCONCLUSIVE, NO_DIFFERE
 from analysis.cli import one_grid_study
 from analysis.confirm_rules import WINDOW, abandonment, clip_dial, elevation, frontier, record, time_to_collapse
 from analysis.events import collapse_event, declared_agents, finished, steps_of
-from analysis.formatting import fmt_interval, fmt_value, markdown
+from analysis.formatting import fmt_interval, fmt_step_cost, fmt_value, markdown
 from analysis.integrity import problem_lines
 from analysis.plotting import save
 from analysis.run_records import run_manifest
@@ -183,15 +183,6 @@ def _shown(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.map(lambda v: "not reached" if isinstance(v, float) and v == math.inf else v)
 
 
-def step_seconds(an: Confirmation) -> pd.Series:
-    """Seconds of RL steps per finished run (the sum of its ``timing/step`` records, every sitting of a resumed
-    run included), indexed by run; empty where the records carry no step time."""
-    steps = an.data.steps
-    if "timing/step" not in steps.columns or not len(an.events):
-        return pd.Series(dtype=float)
-    return steps[steps["run"].isin(an.events["run"])].groupby("run")["timing/step"].sum()
-
-
 def _label(key: str) -> str:
     """A claim as REPORT.md names it, with its key where the two differ (``C-acc (accuracy-confirm)``)."""
     label = LABELS.get(key, (key, ""))[0]
@@ -237,10 +228,8 @@ def summary_markdown(an: Confirmation, runs_dir: Path) -> str:
                       f"HR {fmt_value(inter['hr'])} [{fmt_value(inter['low'])}, {fmt_value(inter['high'])}], p = {fmt_value(inter['p'], 3)}"), ""]
     if len(an.events):
         lines += record(an.data, an.events)
-    if len(cost := step_seconds(an)):
-        lines += ["## Cost", "", f"Step time of the {len(cost)} finished runs (Σ `timing/step` of each run over all its "
-                  f"sittings; evaluations and start-up not counted): {cost.sum() / 3600:.1f} h in all, median "
-                  f"{cost.median():,.0f} s per run ({cost.min():,.0f}-{cost.max():,.0f} s).", ""]
+    if len(cost := an.data.step_seconds(an.events["run"])):
+        lines += ["## Cost", "", fmt_step_cost(cost), ""]
     lines += ["## Runs", "", markdown(an.events.drop(columns=["agents", "git_commit"]), index=False), ""]
     if problems := problem_lines(an.data):
         lines += ["## Data problems", "", *(f"- {item}" for item in problems), ""]

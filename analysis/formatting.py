@@ -70,6 +70,13 @@ def fmt_octaves(value: float, low: float, high: float) -> str:
 
 
 # ------------------------------------------------------------------------------------------ tables
+def fmt_step_cost(seconds: pd.Series) -> str:
+    """The step time of finished runs in one sentence (``seconds``: :meth:`analysis.runs.GridData.step_seconds`)."""
+    return (f"Step time of the {len(seconds)} finished runs (Σ `timing/step` of each run over all its sittings; "
+            f"evaluations and start-up not counted): {seconds.sum() / 3600:.1f} h in all, median "
+            f"{seconds.median():,.0f} s per run ({seconds.min():,.0f}-{seconds.max():,.0f} s).")
+
+
 def markdown(df: pd.DataFrame, index: bool = True, floatfmt: str = "{:.4g}") -> str:
     """A GitHub Markdown table (no tabulate dependency); floats via ``floatfmt``, NaN as empty."""
     d = df.reset_index() if index else df

@@ -36,7 +36,7 @@ from analysis.claims import (CONFIRMATORY, INCONCLUSIVE, NOT_RUN, ClaimSpec, Jud
                              incomplete_so_far)
 from analysis.cli import one_grid_study
 from analysis.events import grid_status
-from analysis.formatting import fmt_interval, fmt_lr, fmt_octaves, fmt_value, markdown
+from analysis.formatting import fmt_interval, fmt_lr, fmt_octaves, fmt_step_cost, fmt_value, markdown
 from analysis.frontier_design import BOOTSTRAP_DRAWS, X50_SPAN, Frontier, ladder_level, levels_rule, verdict
 from analysis.frontier_rules import (ARMS, HORIZONS, PRIMARY, SHARE_WINDOW, aft_time_ratio, arm_frontiers, differs,
                                      event_table, false_alarms, interaction, learned_counts, primary_tests, shares,
@@ -214,10 +214,25 @@ def summary_markdown(rnd: Round, runs_dir: Path, pilot: bool = False) -> str:
                   markdown(rnd.shares["by_estimator"], index=False), "",
                   "Dr. MAS − GRPO per twin pair:", "", markdown(rnd.shares["paired"], index=False), "",
                   "Over every level:", "", markdown(rnd.shares["pooled"], index=False), ""]
+    if len(cost := rnd.data.step_seconds(rnd.events["run"])):
+        lines += ["## Cost", "", fmt_step_cost(cost), "", markdown(cost_table(rnd, cost), index=False), ""]
     lines += ["## Runs", "", markdown(rnd.events.drop(columns=["git_commit"]), index=False), ""]
     if problems := problem_lines(rnd.data):
         lines += ["## Data problems", "", *(f"- {p}" for p in problems), ""]
     return "\n".join(lines)
+
+
+def cost_table(rnd: Round, step: pd.Series) -> pd.DataFrame:
+    """The finished runs' cost per part and arm: runs, step time (``step``: seconds per run) and the wall time of
+    the command that finished each run (``index.json``'s ``seconds``; a run resumed after a stop: its last sitting),
+    in hours, and the median of each per run in seconds."""
+    wall = rnd.data.runs.set_index("run")["seconds"].astype(float)
+    runs = rnd.events[["run", "part", "arm"]].assign(step_s=lambda e: e["run"].map(step),
+                                                     wall_s=lambda e: e["run"].map(wall))
+    return (runs.groupby(["part", "arm"], sort=False)
+            .agg(runs=("run", "size"), step_h=("step_s", lambda x: x.sum() / 3600), step_median_s=("step_s", "median"),
+                 wall_h=("wall_s", lambda x: x.sum() / 3600), wall_median_s=("wall_s", "median"))
+            .round({"step_h": 2, "wall_h": 2, "step_median_s": 0, "wall_median_s": 0}).reset_index())
 
 
 def pilot_next(events: pd.DataFrame, arm: str, listed: int) -> str:

@@ -84,6 +84,15 @@ class GridData:
         return frame.merge(self.runs[["run", *tags]], on="run", how="left")
 
 
+    def step_seconds(self, runs: Iterable[str]) -> pd.Series:
+        """Seconds of RL steps of each of ``runs`` (the sum of its ``timing/step`` records, every sitting of a
+        resumed run included; evaluations and start-up not counted), indexed by run; empty where the records carry
+        no step time."""
+        if "timing/step" not in self.steps.columns:
+            return pd.Series(dtype=float)
+        return self.steps[self.steps["run"].isin(list(runs))].groupby("run")["timing/step"].sum()
+
+
 # ------------------------------------------------------------------------------------------ the index
 RUN_FILES = ("metrics.jsonl", "manifest.json")
 """A folder holding one of these is a run folder."""

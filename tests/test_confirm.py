@@ -156,7 +156,7 @@ def test_the_summary_gives_the_step_time_of_the_finished_runs(tmp_path):
     """The cost section sums each finished run's timing/step records (2 s and 2.5 s on alternate steps here) and
     leaves the unfinished runs out."""
     an = confirm.analyze(load_grid(make_grid(tmp_path / "g", unfinished=2)), n_boot=50)
-    cost = confirm.step_seconds(an)
+    cost = an.data.step_seconds(an.events["run"])
     assert len(cost) == an.finished == an.total - 2
     assert cost.tolist() == [2.25 * STEPS] * len(cost)
     text = confirm.summary_markdown(an, tmp_path / "g")

@@ -160,6 +160,23 @@ def test_where_both_learn_and_the_false_alarm_rate(shifted):
     assert shifted.verdicts["C6-acc"] == frontier.ESTIMATE
 
 
+def test_the_summary_gives_the_cost_of_each_part_and_arm(shifted, tmp_path):
+    """Every run of the fixture records 2 s per step and 60 s of wall time in the index: the cost table counts each
+    part's and arm's runs and sums their hours."""
+    cost = shifted.data.step_seconds(shifted.events["run"])
+    table = frontier.cost_table(shifted, cost).set_index(["part", "arm"])
+    round_runs = 2 * len(LEVELS) * 2  # estimators x levels x seeds
+    expected = {("round", "nonsharing"): round_runs, ("round", "sharing"): round_runs,
+                ("learn", "nonsharing"): 2 * len(frontier_rules.LEARN_SEEDS)}
+    assert table["runs"].to_dict() == expected
+    for key, n in expected.items():
+        assert table.loc[key, "step_h"] == pytest.approx(round(n * 2.0 * STEPS / 3600, 2))
+        assert table.loc[key, "wall_h"] == pytest.approx(round(n * 60.0 / 3600, 2))
+        assert table.loc[key, "step_median_s"] == 2.0 * STEPS and table.loc[key, "wall_median_s"] == 60.0
+    text = frontier.summary_markdown(shifted, tmp_path)
+    assert f"Step time of the {sum(expected.values())} finished runs" in text and "| round | sharing |" in text
+
+
 def test_the_learned_statistic_is_the_paired_t_statistic():
     rng = np.random.default_rng(3)
     shares = rng.integers(0, 5, size=(9, 32)) / 4
