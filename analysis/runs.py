@@ -83,7 +83,6 @@ class GridData:
         """``frame`` (with a ``run`` column) joined with the run tags."""
         return frame.merge(self.runs[["run", *tags]], on="run", how="left")
 
-
     def step_seconds(self, runs: Iterable[str]) -> pd.Series:
         """Seconds of RL steps of each of ``runs`` (the sum of its ``timing/step`` records, every sitting of a
         resumed run included; evaluations and start-up not counted), indexed by run; empty where the records carry

@@ -10,9 +10,10 @@ the sha256 manifest; and ``drmas_export.json`` (what was exported, from which ch
 What is refused, with one line and before anything is written: a folder that is not a run folder, a run in progress
 (its lock is held), a checkpoint without a manifest (unverified), one that fails verification or holds a pickled
 object (:meth:`RunCheckpoints.load`), one whose worker states point to files that differ from what they recorded
-(openrlhf: the DeepSpeed checkpoint, checked before the backend starts), a run killed while checkpointing (``drmas train`` recovers it on resume), and a
-``--out`` folder that holds something other than an earlier export. ``DIR`` is written in a temporary folder beside
-it and renamed into place (:func:`drmas.io.atomic_folder`): a reader sees the whole export or the previous one.
+(openrlhf: the DeepSpeed checkpoint, checked before the backend starts), a run killed while checkpointing (``drmas
+train`` recovers it on resume), and a ``--out`` folder that holds something other than an earlier export. ``DIR`` is
+written in a temporary folder beside it and renamed into place (:func:`drmas.io.atomic_folder`): a reader sees the
+whole export or the previous one.
 
 The weights. A worker state of the local and ray backends holds its model's weights. One of the openrlhf backend
 points to the group's DeepSpeed checkpoint instead: the backend, built without rollout engines, loads it into the
@@ -92,7 +93,8 @@ def export_run(run_dir: str | Path, out: str | Path | None = None) -> dict[str, 
 
 def check_backend_states(cfg: RunConfig, states: dict[str, Any]) -> None:
     """The files a worker state points to outside the checkpoint folder (openrlhf: its DeepSpeed checkpoint)
-    checked against what the state recorded, before a backend starts (:meth:`drmas.backends.BackendEntry.check_states`)."""
+    checked against what the state recorded, before a backend starts
+    (:meth:`drmas.backends.BackendEntry.check_states`)."""
     from drmas.backends import BACKENDS
     from drmas.trainer.trainer import worker_specs
 

@@ -666,9 +666,10 @@ class OpenRLHFBackend:
 
     def _load_checkpoint(self, key: str, state: dict) -> None:
         """Group ``key``'s DeepSpeed checkpoint (``state``, as :meth:`get_states` returned it) into its ranks: its
-        files first checked against the sha256 and sizes ``state`` recorded (:func:`~drmas.workers.openrlhf.seam.check_state`), then each read weights-only. A file
-        that differs (damaged, or overwritten by a later write), one the ranks cannot read, or one that holds another
-        pickled object, is :class:`CheckpointDamaged`. Its states must be on the device (:meth:`_with_states`)."""
+        files first checked against the sha256 and sizes ``state`` recorded (:func:`seam.check_state
+        <drmas.workers.openrlhf.seam.check_state>`), then each read weights-only. A file that differs (damaged, or
+        overwritten by a later write), one the ranks cannot read, or one that holds another pickled object, is
+        :class:`CheckpointDamaged`. Its states must be on the device (:meth:`_with_states`)."""
         import ray
 
         tag, where = state["tag"], seam.deepspeed_dir(self.specs[key])
