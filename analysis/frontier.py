@@ -225,13 +225,15 @@ def summary_markdown(rnd: Round, runs_dir: Path, pilot: bool = False) -> str:
 def cost_table(rnd: Round, step: pd.Series) -> pd.DataFrame:
     """The finished runs' cost per part and arm: runs, step time (``step``: seconds per run) and the wall time of
     the command that finished each run (``index.json``'s ``seconds``; a run resumed after a stop: its last sitting),
-    in hours, and the median of each per run in seconds."""
+    in hours, and the median of each per run in seconds. ``wall_runs`` counts the runs with a recorded wall time
+    (one that finished after its runner was stopped has none), which ``wall_h`` sums."""
     wall = rnd.data.runs.set_index("run")["seconds"].astype(float)
     runs = rnd.events[["run", "part", "arm"]].assign(step_s=lambda e: e["run"].map(step),
                                                      wall_s=lambda e: e["run"].map(wall))
     return (runs.groupby(["part", "arm"], sort=False)
             .agg(runs=("run", "size"), step_h=("step_s", lambda x: x.sum() / 3600), step_median_s=("step_s", "median"),
-                 wall_h=("wall_s", lambda x: x.sum() / 3600), wall_median_s=("wall_s", "median"))
+                 wall_runs=("wall_s", "count"), wall_h=("wall_s", lambda x: x.sum() / 3600),
+                 wall_median_s=("wall_s", "median"))
             .round({"step_h": 2, "wall_h": 2, "step_median_s": 0, "wall_median_s": 0}).reset_index())
 
 

@@ -8,7 +8,8 @@ still in flight ("partial"), whose folders are not copied: the analysis then rea
 folder holds. This command copies each finished run's records (:data:`RECORDS`: manifest, config, metrics,
 evaluations, ``DONE``; not its checkpoints, TensorBoard files, logs or summaries) and writes the destination's
 ``index.json`` from the source's, listing every run the destination does not hold as not started (``todo``, no wall
-time). It refuses, before copying anything, where a run the destination holds differs from the source's (a
+time) and every finished run as done (one that finished after its runner was stopped, before the runner wrote its
+row, keeps the source's wall time: none). It refuses, before copying anything, where a run the destination holds differs from the source's (a
 finished run's records do not change: one of the two folders is not what it seems) or where the destination holds
 a folder the source has not finished. It reads the grid the destination would be with
 :func:`analysis.runs.load_grid` before it changes the destination, and stops, leaving it as it was, where a finished
@@ -90,6 +91,8 @@ def publish(src: Path, dst: Path) -> dict[str, int]:
     for name, row in rows.items():
         if name not in finished:
             rows[name] = {**row, "status": NOT_STARTED, "seconds": None}
+        elif row.get("status") != "done":  # it finished after the runner last wrote its index (a runner stopped)
+            rows[name] = {**row, "status": "done"}
     index = {"grid": json.loads((src / "index.json").read_text()).get("grid", src.name), "runs": list(rows.values())}
     dst.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{dst.name}.publish-", dir=dst.parent) as tmp:

@@ -127,6 +127,7 @@ if asked stability; then
     stage "stability, frontier round: experiments/grids/frontier.yaml (pre-registered in docs/frontier.md; resumable)"
     "$PY" -m experiments.grid run experiments/grids/frontier.yaml --jobs "$JOBS" --device "$DEVICE" --stale "$STALE" \
       ${RUNS:+--only "$RUNS"}
+    "$PY" -m analysis.frontier --runs results/runs/frontier_pilot --out results/frontier_pilot --pilot
     "$PY" -m analysis.frontier --runs results/runs/frontier --out results/frontier
   fi
   stage "stability, math: its GRPO pilot, then experiments/grids/stability_math.yaml (resumable), then its verdicts"

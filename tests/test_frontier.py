@@ -171,7 +171,7 @@ def test_the_summary_gives_the_cost_of_each_part_and_arm(shifted, tmp_path):
     assert table["runs"].to_dict() == expected
     for key, n in expected.items():
         assert table.loc[key, "step_h"] == pytest.approx(round(n * 2.0 * STEPS / 3600, 2))
-        assert table.loc[key, "wall_h"] == pytest.approx(round(n * 60.0 / 3600, 2))
+        assert table.loc[key, "wall_h"] == pytest.approx(round(n * 60.0 / 3600, 2)) and table.loc[key, "wall_runs"] == n
         assert table.loc[key, "step_median_s"] == 2.0 * STEPS and table.loc[key, "wall_median_s"] == 60.0
     text = frontier.summary_markdown(shifted, tmp_path)
     assert f"Step time of the {sum(expected.values())} finished runs" in text and "| round | sharing |" in text

@@ -51,6 +51,10 @@ def test_finished_runs_are_copied_records_only_and_the_index_agrees(source, tmp_
     # a second publish once the partial run has finished copies it alone
     (source / RUNS[2] / "DONE").write_text("{}")
     assert publish(source, dst) == {"copied": 1, "already": 2, "finished": 3, "listed": 32}
+    row, = (r for r in json.loads((dst / "index.json").read_text())["runs"] if r["run"] == RUNS[2])
+    was, = (r for r in json.loads((source / "index.json").read_text())["runs"] if r["run"] == RUNS[2])
+    assert was["status"] == "partial"  # finished after its runner last wrote the index
+    assert row == {**was, "status": "done"}  # done, and nothing else changed (the wall time: the source's)
 
 
 def test_a_destination_that_disagrees_is_refused_before_anything_is_copied(source, tmp_path):
