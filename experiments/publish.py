@@ -9,12 +9,12 @@ folder holds. This command copies each finished run's records (:data:`RECORDS`: 
 evaluations, ``DONE``; not its checkpoints, TensorBoard files, logs or summaries) and writes the destination's
 ``index.json`` from the source's, listing every run the destination does not hold as not started (``todo``, no wall
 time) and every finished run as done (one that finished after its runner was stopped, before the runner wrote its
-row, keeps the source's wall time: none). It refuses, before copying anything, where a run the destination holds differs from the source's (a
-finished run's records do not change: one of the two folders is not what it seems) or where the destination holds
-a folder the source has not finished. It reads the grid the destination would be with
-:func:`analysis.runs.load_grid` before it changes the destination, and stops, leaving it as it was, where a finished
-run there cannot be used, naming why; notes on usable runs (training its ``DONE`` marker calls degenerate, as a
-collapsed run's often is) are outcomes the report lists, and are logged.
+row, keeps the rest of the source's row: no wall time where the runner recorded none). It refuses, before copying
+anything, where a run the destination holds differs from the source's (a finished run's records do not change: one
+of the two folders is not what it seems) or where the destination holds a folder the source has not finished. It
+reads the grid the destination would be with :func:`analysis.runs.load_grid` before it changes the destination, and
+stops, leaving it as it was, where a finished run there cannot be used, naming why; notes on usable runs (training
+its ``DONE`` marker calls degenerate, as a collapsed run's often is) are outcomes the report lists, and are logged.
 """
 from __future__ import annotations
 
