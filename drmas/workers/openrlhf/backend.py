@@ -665,15 +665,14 @@ class OpenRLHFBackend:
         return out
 
     def _load_checkpoint(self, key: str, state: dict) -> None:
-        """Group ``key``'s DeepSpeed checkpoint (``state``, as :meth:`get_states` returned it) into its ranks: its
-        files first checked against the sha256 and sizes ``state`` recorded (:func:`seam.check_state
-        <drmas.workers.openrlhf.seam.check_state>`), then each read weights-only. A file that differs (damaged, or
-        overwritten by a later write), one the ranks cannot read, or one that holds another pickled object, is
-        :class:`CheckpointDamaged`. Its states must be on the device (:meth:`_with_states`)."""
+        """Group ``key``'s DeepSpeed checkpoint (``state``, as :meth:`get_states` returned it) into its ranks, each
+        file read weights-only; its files must have been checked against the sha256 and sizes ``state`` recorded
+        (:func:`seam.check_states <drmas.workers.openrlhf.seam.check_states>`: :meth:`set_states` does, and
+        ``drmas export`` before it builds the backend). A file the ranks cannot read, or one that holds another
+        pickled object, is :class:`CheckpointDamaged`. Its states must be on the device (:meth:`_with_states`)."""
         import ray
 
         tag, where = state["tag"], seam.deepspeed_dir(self.specs[key])
-        seam.check_state(self.specs[key], state)
         try:
             results = self._run(key, "drmas_load_checkpoint", tag=tag)
         except ray.exceptions.RayTaskError as exc:  # a truncated or unreadable file: the rank's error, through Ray
@@ -690,6 +689,7 @@ class OpenRLHFBackend:
         self._tags[key] = tag
 
     def set_states(self, states: dict[str, dict]) -> None:
+        seam.check_states(self.specs, states)  # every group's files, before any is loaded
         for key, state in states.items():
             def load(key: str = key, state: dict = state) -> None:
                 self._load_checkpoint(key, state)
@@ -706,7 +706,8 @@ class OpenRLHFBackend:
     def save_checkpoint_models(self, states: dict[str, dict], folder: str) -> dict[str, str]:
         """The models of the DeepSpeed checkpoints ``states`` (as :meth:`get_states` returned them), loaded
         weights-only into the groups' ranks and saved by :meth:`save_models` under ``folder/<key>``
-        (``drmas export``; a backend built with ``rollout=False`` needs no engine)."""
+        (``drmas export``, which has checked their files before it built this backend; a backend built with
+        ``rollout=False`` needs no engine)."""
         for key, state in states.items():
             self._with_states(key, lambda key=key, state=state: self._load_checkpoint(key, state))
         return self.save_models(folder)

@@ -323,8 +323,8 @@ def check_state(spec: WorkerSpec, state: Mapping[str, Any]) -> None:
     recorded (:meth:`~drmas.workers.openrlhf.backend.OpenRLHFBackend.get_states`): one that differs (damaged, or
     overwritten by a later write) or is missing is :class:`~drmas.checkpoints.CheckpointDamaged`, with one line
     naming it. A state without the record (written before the backend recorded one) is loaded unverified, with a
-    warning. Reads the files only: no DeepSpeed rank, no Ray (``drmas export`` and a resume check before they
-    start either)."""
+    warning. Reads the files only: no DeepSpeed rank, no Ray (``drmas export`` checks before it starts either, the
+    backend's ``set_states`` before it loads any group)."""
     where = deepspeed_dir(spec) / state["tag"]
     if "files" not in state:
         logger.warning("model %s: the run's checkpoint records no sha256 of its DeepSpeed checkpoint %r under %s; "
