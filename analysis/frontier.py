@@ -214,23 +214,32 @@ def summary_markdown(rnd: Round, runs_dir: Path, pilot: bool = False) -> str:
                   markdown(rnd.shares["by_estimator"], index=False), "",
                   "Dr. MAS − GRPO per twin pair:", "", markdown(rnd.shares["paired"], index=False), "",
                   "Over every level:", "", markdown(rnd.shares["pooled"], index=False), ""]
-    if len(cost := rnd.data.step_seconds(rnd.events["run"])):
-        lines += ["## Cost", "", fmt_step_cost(cost), "", markdown(cost_table(rnd, cost), index=False), ""]
-    lines += ["## Runs", "", markdown(rnd.events.drop(columns=["git_commit"]), index=False), ""]
+    shown = pilot_labelled(rnd.events) if pilot else rnd.events
+    if len(cost := rnd.data.step_seconds(shown["run"])):
+        lines += ["## Cost", "", fmt_step_cost(cost), "", markdown(cost_table(shown, rnd.data.runs, cost), index=False),
+                  ""]
+    lines += ["## Runs", "", markdown(shown.drop(columns=["git_commit"]), index=False), ""]
     if problems := problem_lines(rnd.data):
         lines += ["## Data problems", "", *(f"- {p}" for p in problems), ""]
     return "\n".join(lines)
 
 
-def cost_table(rnd: Round, step: pd.Series) -> pd.DataFrame:
-    """The finished runs' cost per part and arm: runs, step time (``step``: seconds per run) and the wall time of
-    the command that finished each run (``index.json``'s ``seconds``; a run resumed after a stop: its last sitting),
-    in hours, and the median of each per run in seconds. ``wall_runs`` counts the runs with a recorded wall time
-    (one that finished after its runner was stopped has none), which ``wall_h`` sums."""
-    wall = rnd.data.runs.set_index("run")["seconds"].astype(float)
-    runs = rnd.events[["run", "part", "arm"]].assign(step_s=lambda e: e["run"].map(step),
-                                                     wall_s=lambda e: e["run"].map(wall))
-    return (runs.groupby(["part", "arm"], sort=False)
+def pilot_labelled(events: pd.DataFrame) -> pd.DataFrame:
+    """The pilot's events as its summary shows them: part "pilot" for the pilot's seeds (:func:`analyze` lets them
+    stand in for the round's, so that the levels rule reads them)."""
+    return events.assign(part=events["part"].where(~events["seed"].isin(PILOT_SEEDS), "pilot"))
+
+
+def cost_table(events: pd.DataFrame, runs: pd.DataFrame, step: pd.Series) -> pd.DataFrame:
+    """The finished runs' cost per part and arm of ``events``: runs, step time (``step``: seconds per run) and the
+    wall time of the command that finished each run (``runs``: index.json's rows, their ``seconds``; a run resumed
+    after a stop: its last sitting), in hours, and the median of each per run in seconds. ``wall_runs`` counts the
+    runs with a recorded wall time (one that finished after its runner was stopped has none), which ``wall_h``
+    sums."""
+    wall = runs.set_index("run")["seconds"].astype(float)
+    costs = events[["run", "part", "arm"]].assign(step_s=lambda e: e["run"].map(step),
+                                                  wall_s=lambda e: e["run"].map(wall))
+    return (costs.groupby(["part", "arm"], sort=False)
             .agg(runs=("run", "size"), step_h=("step_s", lambda x: x.sum() / 3600), step_median_s=("step_s", "median"),
                  wall_runs=("wall_s", "count"), wall_h=("wall_s", lambda x: x.sum() / 3600),
                  wall_median_s=("wall_s", "median"))

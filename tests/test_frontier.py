@@ -164,7 +164,7 @@ def test_the_summary_gives_the_cost_of_each_part_and_arm(shifted, tmp_path):
     """Every run of the fixture records 2 s per step and 60 s of wall time in the index: the cost table counts each
     part's and arm's runs and sums their hours."""
     cost = shifted.data.step_seconds(shifted.events["run"])
-    table = frontier.cost_table(shifted, cost).set_index(["part", "arm"])
+    table = frontier.cost_table(shifted.events, shifted.data.runs, cost).set_index(["part", "arm"])
     round_runs = 2 * len(LEVELS) * 2  # estimators x levels x seeds
     expected = {("round", "nonsharing"): round_runs, ("round", "sharing"): round_runs,
                 ("learn", "nonsharing"): 2 * len(frontier_rules.LEARN_SEEDS)}
@@ -237,6 +237,8 @@ def test_pilot_next_names_the_extension_and_then_the_levels(tmp_path):
     chosen = [float(v) for v in words.removeprefix("levels ").split(", ")]
     assert 5 <= len(chosen) <= 8 and chosen[0] < levels[2] <= chosen[-1]
     assert rnd.verdicts == {}  # the pilot never gives a verdict
+    text = frontier.summary_markdown(rnd, steep, pilot=True)  # the pilot's runs are labelled pilot, not round
+    assert "| pilot | nonsharing |" in text and "| round |" not in text
 
 
 def test_a_partial_round_draws_no_curve_from_one_level_and_says_where_it_has_no_runs(tmp_path):
